@@ -1,0 +1,128 @@
+"""System checks (ids ``taskclaim.E…`` / ``taskclaim.W…``), registered by the AppConfig.
+
+- E001 unknown ``TASKCLAIM_*`` setting (with a suggestion)
+- E002 a model's claim options are invalid (``ClaimMeta``, fields, statuses)
+- E003 a model's strategy is not supported by its database
+- W001 no index serves the claim query of a model
+- W002 SQLite database without ``transaction_mode = "IMMEDIATE"``
+- W003 / W010 / W011 pooler checks (transaction pooling declared; server-side cursors
+  behind a transaction pooler; port 6432 with no pooler mode declared) — see
+  :mod:`django_taskclaim.lock_checks`
+- W004 a claimable model has no processing entry point (``process`` / ``ClaimMeta.handler``)
+- E004 invalid ``TASKCLAIM_POOLER_MODE``
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.db import connections, router
+
+from .conf import taskclaim_settings
+from .exceptions import TaskClaimError
+from .options import claimable_models, get_options
+from .strategies import resolve
+
+
+@checks.register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
+    for name, suggestion in taskclaim_settings.unknown_names():
+        errors.append(
+            checks.Error(
+                f"Unknown setting {name}.",
+                hint=f"Did you mean {suggestion}?" if suggestion else "See docs/settings.md.",
+                id="taskclaim.E001",
+            )
+        )
+    mode = taskclaim_settings.POOLER_MODE
+    if mode not in (None, "session", "transaction"):
+        errors.append(
+            checks.Error(
+                f"TASKCLAIM_POOLER_MODE is {mode!r}.",
+                hint='Use None, "session" or "transaction" (pgBouncer pool_mode).',
+                id="taskclaim.E004",
+            )
+        )
+    for alias, conf in settings.DATABASES.items():
+        if conf.get("ENGINE", "").endswith("sqlite3"):
+            mode_ = (conf.get("OPTIONS") or {}).get("transaction_mode")
+            if str(mode_).upper() != "IMMEDIATE":
+                errors.append(
+                    checks.Warning(
+                        f"SQLite database {alias!r} does not start transactions IMMEDIATE.",
+                        hint="Set DATABASES[...]['OPTIONS']['transaction_mode'] = 'IMMEDIATE' "
+                        "(and a busy timeout) so concurrent workers wait instead of failing "
+                        "with 'database is locked'.",
+                        id="taskclaim.W002",
+                    )
+                )
+    return errors
+
+
+def _claim_index_present(model: Any, status_field: str) -> bool:
+    for index in model._meta.indexes:
+        names = [f.lstrip("-") for f in getattr(index, "fields", ())]
+        cond = getattr(index, "condition", None)
+        if names and cond is not None and status_field in str(cond):
+            return True
+        if names and names[0] == status_field:
+            return True
+    return False
+
+
+@checks.register(checks.Tags.models)
+def check_models(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
+    for model in claimable_models():
+        if app_configs is not None and model._meta.app_config not in app_configs:
+            continue
+        try:
+            opts = get_options(model)
+            opts.lease  # noqa: B018 - validates the live options
+            opts.max_attempts  # noqa: B018
+            strategy = opts.strategy
+        except TaskClaimError as exc:
+            errors.append(checks.Error(str(exc), obj=model, id="taskclaim.E002"))
+            continue
+        alias = router.db_for_write(model)
+        if alias in connections:
+            try:
+                resolve(strategy, alias)
+            except TaskClaimError as exc:
+                errors.append(
+                    checks.Error(
+                        str(exc),
+                        hint="Set ClaimMeta.strategy or TASKCLAIM_STRATEGY to 'auto'.",
+                        obj=model,
+                        id="taskclaim.E003",
+                    )
+                )
+        if not _claim_index_present(model, opts.status_field):
+            errors.append(
+                checks.Warning(
+                    f"No index serves the claim query of {opts.label}.",
+                    hint="Inherit ClaimableModel.Meta or add "
+                    "django_taskclaim.models.claim_indexes(...) to Meta.indexes.",
+                    obj=model,
+                    id="taskclaim.W001",
+                )
+            )
+        try:
+            handler = opts.handler()
+        except TaskClaimError as exc:
+            errors.append(checks.Error(str(exc), obj=model, id="taskclaim.E002"))
+            continue
+        if handler is None:
+            errors.append(
+                checks.Warning(
+                    f"{opts.label} has no processing entry point; workers cannot run it.",
+                    hint="Define a process(self) method or set ClaimMeta.handler "
+                    "(a method name, a dotted path or a callable).",
+                    obj=model,
+                    id="taskclaim.W004",
+                )
+            )
+    return errors

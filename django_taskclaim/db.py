@@ -1,0 +1,81 @@
+"""Connection helpers: transaction state, transient-error detection and bounded retry.
+
+Vendor error codes are classified here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.db import DatabaseError, connections
+
+from .conf import taskclaim_settings
+
+logger = logging.getLogger("django_taskclaim.db")
+
+# PostgreSQL SQLSTATEs: serialization_failure, deadlock_detected, lock_not_available
+_PG_TRANSIENT = {"40001", "40P01"}
+# MySQL / MariaDB: ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT
+_MYSQL_TRANSIENT = {1213, 1205}
+
+
+def in_user_atomic(using: str) -> bool:
+    """Whether the caller has an open ``atomic()`` block on ``using``.
+
+    The atomic blocks Django's ``TestCase`` wraps around each test do not count, so
+    claims work inside ordinary Django tests.
+    """
+    conn = connections[using]
+    if not conn.in_atomic_block:
+        return False
+    return any(not getattr(block, "_from_testcase", False) for block in conn.atomic_blocks)
+
+
+def is_transient(exc: BaseException, using: str) -> bool:
+    """Whether ``exc`` is a deadlock / serialization failure / busy database worth retrying."""
+    if not isinstance(exc, DatabaseError):
+        return False
+    vendor = connections[using].vendor
+    cause = exc.__cause__ or exc
+    if vendor == "postgresql":
+        state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+        return state in _PG_TRANSIENT
+    if vendor == "mysql":
+        args: tuple[Any, ...] = getattr(cause, "args", ())
+        return bool(args) and args[0] in _MYSQL_TRANSIENT
+    if vendor == "sqlite":
+        text = str(cause).lower()
+        return "database is locked" in text or "database table is locked" in text
+    return False
+
+
+def retry_transient[T](fn: Callable[[], T], using: str, *, what: str) -> T:
+    """Run ``fn``, retrying deadlocks / serialization failures / SQLite busy errors.
+
+    Retries only when no outer transaction is open (an aborted outer transaction
+    cannot be retried from inside). Bounded by ``TASKCLAIM_DB_RETRIES``; the last
+    error is re-raised.
+    """
+    retries = int(taskclaim_settings.DB_RETRIES)
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except DatabaseError as exc:
+            if attempt >= retries or not is_transient(exc, using) or in_user_atomic(using):
+                raise
+            attempt += 1
+            pause = min(0.2, 0.002 * (2**attempt)) * random.uniform(0.5, 1.5)
+            logger.debug("retrying what=%s attempt=%s error=%s", what, attempt, exc)
+            time.sleep(pause)
+
+
+def default_worker_id() -> str:
+    """``host:pid`` — what ``locked_by`` records when no worker id is given."""
+    return f"{socket.gethostname()}:{os.getpid()}"

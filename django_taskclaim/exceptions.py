@@ -1,0 +1,78 @@
+"""Exceptions raised by django-taskclaim.
+
+Errors end in ``Error`` and derive from :class:`TaskClaimError`. The control-flow
+exceptions a task body may raise (:class:`Retry`, :class:`Fail`) and the fencing signal
+:class:`ClaimLost` are named for what they mean.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+class TaskClaimError(Exception):
+    """Base class of every error raised by django-taskclaim."""
+
+
+class ConfigurationError(TaskClaimError, ImproperlyConfigured):
+    """A setting, a model's ``ClaimMeta`` option or an argument is invalid."""
+
+
+class NotClaimableError(ConfigurationError):
+    """The model lacks the fields a claim needs (it does not use the mixins)."""
+
+
+class StrategyNotSupportedError(ConfigurationError):
+    """The requested claim strategy is unknown or unsupported by the database."""
+
+
+class ClaimInTransactionError(TaskClaimError):
+    """A claim was attempted inside the caller's open ``atomic()`` block.
+
+    The claim would stay invisible to other workers (and to the reaper) until the
+    caller commits, and its row locks would be held for the rest of the block.
+    """
+
+
+class ClaimLost(TaskClaimError):
+    """The worker no longer holds the task: its fenced write affected nothing.
+
+    Raised when the claim token (``version``) no longer matches, because the lease
+    expired and the task was reaped or claimed by another worker, or because somebody
+    changed the row (admin action, cancel). Nothing was written.
+    """
+
+    def __init__(self, message: str = "", *, task: object = None) -> None:
+        super().__init__(message or "the claim on this task was lost; nothing was written")
+        self.task = task
+
+
+class LockNotAcquired(TaskClaimError):
+    """A lock could not be acquired (already held elsewhere, or the wait timed out)."""
+
+
+class Retry(Exception):
+    """Raise from a task body to run it again later.
+
+    ``delay`` (seconds or ``timedelta``) overrides the model's backoff. The attempt
+    counts towards ``max_attempts``; once exhausted the task ends ``failed``.
+    """
+
+    def __init__(self, delay: float | timedelta | None = None, reason: str = "") -> None:
+        if isinstance(delay, timedelta):
+            delay = delay.total_seconds()
+        if delay is not None and delay < 0:
+            raise ValueError("Retry delay must be >= 0 seconds")
+        self.delay = delay
+        self.reason = reason
+        super().__init__(reason or (f"retry in {delay}s" if delay is not None else "retry"))
+
+
+class Fail(Exception):
+    """Raise from a task body to fail the task permanently (no further retries)."""
+
+    def __init__(self, reason: str = "failed") -> None:
+        self.reason = reason
+        super().__init__(reason)

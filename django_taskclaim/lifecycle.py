@@ -1,0 +1,254 @@
+"""The fenced lifecycle of a claimed row, and ``run_task`` which drives one attempt.
+
+Every write here is an ``UPDATE … WHERE pk = %s AND version = <claimed token> AND
+status = processing``: a worker that lost its claim writes nothing and gets
+:class:`~django_taskclaim.exceptions.ClaimLost`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.db import models, router, transaction
+from django.db.models import F
+from django.db.models.expressions import Combinable
+from django.db.models.functions import Now
+
+from . import signals
+from .db import retry_transient
+from .exceptions import ClaimLost, ConfigurationError, Fail, Retry
+from .options import CLAIM_STATE_FIELDS, ClaimOptions, get_options
+
+logger = logging.getLogger("django_taskclaim.lifecycle")
+
+MAX_ERROR_CHARS = 10_000
+
+
+def format_error(error: BaseException | str) -> str:
+    """Text stored in ``last_error``: the traceback of an exception, or the string."""
+    if isinstance(error, BaseException):
+        text = "".join(traceback.format_exception(error)).strip()
+    else:
+        text = str(error)
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[: MAX_ERROR_CHARS // 2] + "\n…\n" + text[-MAX_ERROR_CHARS // 2 :]
+    return text
+
+
+def _db(task: models.Model) -> str:
+    return task._state.db or router.db_for_write(type(task), instance=task)
+
+
+def _check_fields(opts: ClaimOptions, task: models.Model, fields: Mapping[str, Any]) -> None:
+    protected = CLAIM_STATE_FIELDS | {opts.status_field}
+    for name in fields:
+        if name in protected:
+            raise ValueError(f"{name!r} is claim bookkeeping; the lifecycle methods set it")
+        try:
+            task._meta.get_field(name)
+        except Exception:
+            raise ValueError(f"{opts.label} has no field {name!r}") from None
+
+
+def _fenced_update(task: Any, to_state: str, updates: dict[str, Any], *, bump: bool = True) -> None:
+    opts = get_options(task)
+    using = _db(task)
+    values = dict(updates)
+    if to_state:
+        values[opts.status_field] = opts.value(to_state)
+    if bump:
+        values["version"] = F("version") + 1
+    qs = (
+        type(task)
+        ._base_manager.using(using)
+        .filter(pk=task.pk, version=task.version)
+        .filter(opts.status_q("processing"))
+    )
+    hit = retry_transient(
+        lambda: qs.update(**values), using, what=f"{to_state or 'lease'} {opts.label}"
+    )
+    if hit != 1:
+        logger.warning(
+            "claim lost model=%s pk=%s token=%s write=%s: nothing was written",
+            opts.label,
+            task.pk,
+            task.version,
+            to_state or "extend_lease",
+        )
+        raise ClaimLost(
+            f"{opts.label} pk={task.pk}: claim token {task.version} is no longer current "
+            f"(lease expired and reaped, re-claimed, or changed by someone else); "
+            f"the {to_state or 'lease'} write affected nothing",
+            task=task,
+        )
+    for name, value in values.items():
+        attname = task._meta.get_field(name).attname
+        if name == "version":
+            task.version += 1
+        elif isinstance(value, Combinable | models.Expression):
+            task.__dict__.pop(attname, None)  # deferred: loaded on next access
+        else:
+            setattr(task, attname, value)
+
+
+def complete(task: Any, **fields: Any) -> None:
+    """``processing`` → ``done``; ``fields`` saved in the same fenced UPDATE."""
+    opts = get_options(task)
+    _check_fields(opts, task, fields)
+    updates: dict[str, Any] = {"locked_until": None, **fields}
+    if opts.has("finished_at"):
+        updates["finished_at"] = Now()
+    _fenced_update(task, "done", updates)
+    signals.task_completed.send(sender=type(task), task=task)
+
+
+def fail(task: Any, error: BaseException | str = "", **fields: Any) -> None:
+    """``processing`` → ``failed`` (dead letter), recording ``error``."""
+    opts = get_options(task)
+    _check_fields(opts, task, fields)
+    updates: dict[str, Any] = {"locked_until": None, **fields}
+    if opts.has("finished_at"):
+        updates["finished_at"] = Now()
+    if opts.has("last_error"):
+        updates["last_error"] = format_error(error or "failed")
+    _fenced_update(task, "failed", updates)
+    signals.task_failed.send(sender=type(task), task=task, error=error, final=True)
+
+
+def retry(
+    task: Any,
+    *,
+    delay: float | timedelta | None = None,
+    error: BaseException | str = "",
+    **fields: Any,
+) -> str:
+    """``processing`` → ``ready`` after ``delay`` (or ``failed`` once attempts run out)."""
+    opts = get_options(task)
+    _check_fields(opts, task, fields)
+    if isinstance(delay, timedelta):
+        delay = delay.total_seconds()
+    if delay is not None and (
+        isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0
+    ):
+        raise ValueError(f"retry delay must be >= 0 seconds, got {delay!r}")
+    updates: dict[str, Any] = {"locked_until": None, **fields}
+    if opts.has("last_error") and error:
+        updates["last_error"] = format_error(error)
+    if task.attempts >= opts.max_attempts:
+        if opts.has("finished_at"):
+            updates["finished_at"] = Now()
+        if opts.has("last_error"):
+            updates["last_error"] = (
+                f"gave up after {task.attempts} attempt(s) (max_attempts={opts.max_attempts})"
+                + (f"\n{format_error(error)}" if error else "")
+            )
+        _fenced_update(task, "failed", updates)
+        signals.task_failed.send(sender=type(task), task=task, error=error, final=True)
+        return "failed"
+    wait = opts.backoff(task.attempts) if delay is None else float(delay)
+    if opts.has("run_after"):
+        updates["run_after"] = Now() + timedelta(seconds=wait) if wait > 0 else None
+    _fenced_update(task, "ready", updates)
+    signals.task_failed.send(sender=type(task), task=task, error=error, final=False)
+    return "ready"
+
+
+def release(task: Any) -> None:
+    """``processing`` → ``ready`` at once; the attempt is not counted."""
+    _fenced_update(task, "ready", {"locked_until": None, "attempts": F("attempts") - 1})
+
+
+def extend_lease(task: Any, seconds: float | timedelta | None = None) -> None:
+    """Move the lease end to ``now() + seconds`` (database clock). Token unchanged."""
+    from .strategies import validate_lease
+
+    opts = get_options(task)
+    lease = validate_lease(opts.lease if seconds is None else seconds)
+    _fenced_update(task, "", {"locked_until": Now() + timedelta(seconds=lease)}, bump=False)
+
+
+@contextmanager
+def fenced(task: Any, *, using: str | None = None) -> Iterator[None]:
+    """Transaction that re-checks and locks the claim first; see ``ClaimableMixin.fenced``."""
+    opts = get_options(task)
+    using = using or _db(task)
+    with transaction.atomic(using=using):
+        # A no-op UPDATE both re-checks the token and takes the row's write lock
+        # (on SQLite, the database write lock) until this transaction ends.
+        hit = (
+            type(task)
+            ._base_manager.using(using)
+            .filter(pk=task.pk, version=task.version)
+            .filter(opts.status_q("processing"))
+            .update(locked_until=F("locked_until"))
+        )
+        if hit != 1:
+            raise ClaimLost(
+                f"{opts.label} pk={task.pk}: claim token {task.version} is no longer "
+                "current; the fenced block did not run",
+                task=task,
+            )
+        yield
+
+
+def run_task(task: Any, handler: Callable[[Any], Any] | None = None) -> str:
+    """Run one attempt of a claimed task and record its outcome; return the outcome.
+
+    The handler (default: the model's ``ClaimMeta.handler``) gets the row. Returning
+    normally completes the task (a returned mapping is saved as result fields in the
+    same fenced UPDATE) unless the handler already finished it itself. ``Retry`` →
+    ready again after its delay; ``Fail`` → failed for good; any other exception →
+    retried with exponential backoff and jitter, ``failed`` once ``max_attempts``
+    claims were made. A lost claim is logged and reported as ``"lost"``; it never
+    overwrites the new holder. Outcomes: ``done``, ``ready`` (retry), ``failed``,
+    ``lost``, or the state the handler left the row in.
+    """
+    opts = get_options(task)
+    if handler is None:
+        handler = opts.handler()
+        if handler is None:
+            raise ConfigurationError(
+                f"{opts.label} has no processing entry point: define a process(self) "
+                "method or set ClaimMeta.handler"
+            )
+    outcome: tuple[str, float | None, BaseException | str]
+    try:
+        if inspect.iscoroutinefunction(handler):
+            result = async_to_sync(handler)(task)
+        else:
+            result = handler(task)
+        state = opts.state_of(getattr(task, opts.status_field))
+        if state != "processing":
+            return state or "unknown"  # the handler finished the row itself
+        task.complete(**(dict(result) if isinstance(result, Mapping) else {}))
+        return "done"
+    except ClaimLost:
+        return "lost"
+    except Retry as exc:
+        outcome = ("retry", exc.delay, exc.reason or "retry requested")
+    except Fail as exc:
+        outcome = ("fail", None, exc.reason)
+    except Exception as exc:
+        logger.info(
+            "task raised model=%s pk=%s attempt=%s error=%r",
+            opts.label,
+            task.pk,
+            task.attempts,
+            exc,
+        )
+        outcome = ("retry", None, exc)
+    try:
+        kind, delay, error = outcome
+        if kind == "fail":
+            fail(task, error)
+            return "failed"
+        return retry(task, delay=delay, error=error)
+    except ClaimLost:
+        return "lost"

@@ -1,0 +1,81 @@
+"""Models of the app itself: the lease-lock table and the worker registry.
+
+The abstract mixins users put on their own models live in :mod:`django_taskclaim.mixins`
+and are re-exported here, so ``from django_taskclaim.models import ClaimableModel`` works.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models.functions import Now
+from django.utils.translation import gettext_lazy as _
+
+from .mixins import (
+    ClaimableMixin,
+    ClaimableModel,
+    ClaimFieldsMixin,
+    ErrorFieldMixin,
+    ScheduleFieldsMixin,
+    StatusFieldMixin,
+    TimestampFieldsMixin,
+    claim_indexes,
+)
+
+__all__ = [
+    "ClaimFieldsMixin",
+    "ClaimableMixin",
+    "ClaimableModel",
+    "ErrorFieldMixin",
+    "Lease",
+    "ScheduleFieldsMixin",
+    "StatusFieldMixin",
+    "TimestampFieldsMixin",
+    "WorkerProcess",
+    "claim_indexes",
+]
+
+
+class Lease(models.Model):
+    """A named lease lock: held by ``owner`` until ``locked_until`` (database clock).
+
+    ``token`` grows by one at every acquisition of the key, so a holder whose lease was
+    taken over can be fenced: its renew / release name a stale token and change nothing.
+    """
+
+    key = models.CharField(_("key"), max_length=255, unique=True)
+    owner = models.CharField(_("owner"), max_length=255)
+    token = models.BigIntegerField(_("fencing token"), default=1, db_default=1)
+    locked_until = models.DateTimeField(_("locked until"))
+    acquired_at = models.DateTimeField(_("acquired at"), db_default=Now())
+
+    class Meta:
+        verbose_name = _("lease lock")
+        verbose_name_plural = _("lease locks")
+        ordering = ["key"]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class WorkerProcess(models.Model):
+    """A live (or recently live) worker process, kept up to date by its heartbeat."""
+
+    worker_id = models.CharField(_("worker id"), max_length=255, unique=True)
+    hostname = models.CharField(_("host"), max_length=255)
+    pid = models.PositiveIntegerField(_("pid"))
+    started_at = models.DateTimeField(_("started at"), db_default=Now())
+    last_seen = models.DateTimeField(_("last heartbeat"), db_default=Now())
+    stopped_at = models.DateTimeField(_("stopped at"), null=True, blank=True)
+    model_labels = models.JSONField(_("models"), default=list, blank=True)
+    concurrency = models.PositiveIntegerField(_("threads"), default=1)
+    in_flight = models.PositiveIntegerField(_("tasks in flight"), default=0)
+    processed = models.PositiveBigIntegerField(_("tasks processed"), default=0)
+
+    class Meta:
+        verbose_name = _("worker")
+        verbose_name_plural = _("workers")
+        ordering = ["-last_seen"]
+        indexes = [models.Index(fields=["last_seen"], name="taskclaim_worker_seen")]
+
+    def __str__(self) -> str:
+        return self.worker_id

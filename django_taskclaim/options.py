@@ -1,0 +1,327 @@
+"""Per-model claim options: the one place where a model says how it is claimed.
+
+A claimable model may declare a nested ``ClaimMeta`` class::
+
+    class Document(ClaimableModel):
+        class ClaimMeta:
+            lease = 60                 # seconds (or a timedelta)
+            max_attempts = 3
+            strategy = "skip_locked"
+            ordering = ("-priority", "created_at", "pk")
+            handler = "process"        # method name, dotted path or callable
+
+Anything not declared falls back to the ``TASKCLAIM_*`` setting of the same name, read
+at call time. :func:`get_options` resolves and validates them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.apps import apps
+from django.db import models
+from django.utils.module_loading import import_string
+
+from .conf import taskclaim_settings
+from .exceptions import ConfigurationError, NotClaimableError
+from .status import STATE_NAMES, Status
+
+REQUIRED_FIELDS = ("version", "locked_until", "attempts")
+#: Fields only the library's fenced operations write; a plain ``save()`` of an existing
+#: row leaves them alone so that editing a row's data never un-claims it.
+CLAIM_STATE_FIELDS = frozenset(
+    {"version", "locked_until", "locked_by", "attempts", "finished_at", "last_error"}
+)
+OPTIONAL_FIELDS = (
+    "locked_by",
+    "run_after",
+    "priority",
+    "created_at",
+    "finished_at",
+    "last_error",
+)
+STRATEGIES = ("auto", "skip_locked", "cas", "advisory", "serializable", "hold")
+
+# Options a ClaimMeta may set; the ones with a settings fallback map to its name.
+_LIVE = {
+    "lease": "LEASE",
+    "max_attempts": "MAX_ATTEMPTS",
+    "retry_backoff": "RETRY_BACKOFF",
+    "retry_backoff_max": "RETRY_BACKOFF_MAX",
+    "retry_jitter": "RETRY_JITTER",
+    "strategy": "STRATEGY",
+    "notify": "NOTIFY",
+}
+_STATIC = ("ordering", "handler", "status_field", "statuses")
+_ALLOWED = set(_LIVE) | set(_STATIC)
+
+
+def _seconds(value: Any, name: str, *, allow_zero: bool = False) -> float:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(f"{name} must be a number of seconds, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigurationError(f"{name} must be > 0 seconds, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class _Static:
+    model: type[models.Model]
+    status_field: str
+    status_column: str
+    statuses: dict[str, Any]
+    fields: frozenset[str]
+    ordering: tuple[str, ...]
+    handler: Any
+    meta: Any
+
+
+_cache: dict[type[models.Model], _Static] = {}
+
+
+def _label(model: type[models.Model]) -> str:
+    return model._meta.label
+
+
+def _build_static(model: type[models.Model]) -> _Static:
+    meta = getattr(model, "ClaimMeta", None)
+    if meta is not None:
+        unknown = sorted(k for k in vars(meta) if not k.startswith("_") and k not in _ALLOWED)
+        if unknown:
+            raise ConfigurationError(
+                f"{_label(model)}.ClaimMeta has unknown option(s) {', '.join(unknown)}; "
+                f"allowed: {', '.join(sorted(_ALLOWED))}"
+            )
+    names = {f.name for f in model._meta.concrete_fields}
+    missing = [f for f in REQUIRED_FIELDS if f not in names]
+    status_field = getattr(meta, "status_field", "status")
+    if status_field not in names:
+        missing.append(status_field)
+    if missing:
+        raise NotClaimableError(
+            f"{_label(model)} is not claimable: it has no field(s) {', '.join(missing)}. "
+            "Inherit django_taskclaim.models.ClaimableModel (or the finer mixins) and run "
+            "makemigrations."
+        )
+    present = frozenset(f for f in REQUIRED_FIELDS + OPTIONAL_FIELDS if f in names)
+    statuses = dict(getattr(meta, "statuses", None) or {s: Status(s).value for s in STATE_NAMES})
+    for state in ("ready", "processing", "done", "failed"):
+        if state not in statuses or statuses[state] is None:
+            raise ConfigurationError(
+                f"{_label(model)}.ClaimMeta.statuses must map {state!r} to a stored value"
+            )
+    unknown_states = set(statuses) - set(STATE_NAMES)
+    if unknown_states:
+        raise ConfigurationError(
+            f"{_label(model)}.ClaimMeta.statuses has unknown state(s) "
+            f"{', '.join(sorted(unknown_states))}; states are {', '.join(STATE_NAMES)}"
+        )
+    values = [v for v in statuses.values() if v is not None]
+    if len(set(values)) != len(values):
+        raise ConfigurationError(f"{_label(model)}.ClaimMeta.statuses maps two states to one value")
+    ordering = getattr(meta, "ordering", None)
+    if ordering is None:
+        ordering = tuple(
+            o for o, f in (("-priority", "priority"), ("created_at", "created_at")) if f in present
+        ) + ("pk",)
+    else:
+        ordering = tuple(ordering)
+        for item in ordering:
+            name = item.lstrip("-")
+            if name != "pk" and name not in names:
+                raise ConfigurationError(
+                    f"{_label(model)}.ClaimMeta.ordering names unknown field {name!r}"
+                )
+    return _Static(
+        model=model,
+        status_field=status_field,
+        status_column=str(model._meta.get_field(status_field).column),  # type: ignore[union-attr]
+        statuses=statuses,
+        fields=present,
+        ordering=ordering,
+        handler=getattr(meta, "handler", "process"),
+        meta=meta,
+    )
+
+
+class ClaimOptions:
+    """Resolved claim options of one model.
+
+    Static parts (fields, statuses, ordering) are validated once per model; the rest
+    (lease, attempts, backoff, strategy) is read at access time from ``ClaimMeta`` or
+    the ``TASKCLAIM_*`` settings.
+    """
+
+    __slots__ = ("_s",)
+
+    def __init__(self, static: _Static) -> None:
+        self._s = static
+
+    # -- static -----------------------------------------------------------------
+    @property
+    def model(self) -> type[models.Model]:
+        return self._s.model
+
+    @property
+    def label(self) -> str:
+        return _label(self._s.model)
+
+    @property
+    def status_field(self) -> str:
+        return self._s.status_field
+
+    @property
+    def status_column(self) -> str:
+        return self._s.status_column
+
+    @property
+    def statuses(self) -> dict[str, Any]:
+        return self._s.statuses
+
+    @property
+    def ordering(self) -> tuple[str, ...]:
+        return self._s.ordering
+
+    def has(self, field: str) -> bool:
+        """Whether the model has the optional bookkeeping field ``field``."""
+        return field in self._s.fields
+
+    def value(self, state: str) -> Any:
+        """The stored value of a logical state (``"ready"`` → ``"ready"`` or ``1``)."""
+        return self._s.statuses[state]
+
+    def state_of(self, value: Any) -> str | None:
+        """The logical state name of a stored status value."""
+        for name, stored in self._s.statuses.items():
+            if stored == value:
+                return name
+        return None
+
+    def status_q(self, *states: str) -> models.Q:
+        vals = [self.value(s) for s in states if self._s.statuses.get(s) is not None]
+        if len(vals) == 1:
+            return models.Q(**{self.status_field: vals[0]})
+        return models.Q(**{f"{self.status_field}__in": vals})
+
+    # -- live ---------------------------------------------------------------------
+    def _get(self, name: str) -> Any:
+        meta = self._s.meta
+        if meta is not None and hasattr(meta, name):
+            return getattr(meta, name)
+        return getattr(taskclaim_settings, _LIVE[name])
+
+    @property
+    def lease(self) -> float:
+        return _seconds(self._get("lease"), f"{self.label} lease")
+
+    @property
+    def max_attempts(self) -> int:
+        value = self._get("max_attempts")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigurationError(
+                f"{self.label} max_attempts must be an int >= 1, got {value!r}"
+            )
+        return value
+
+    @property
+    def strategy(self) -> str:
+        value = self._get("strategy")
+        if value not in STRATEGIES:
+            raise ConfigurationError(
+                f"{self.label} strategy {value!r} is unknown; choose one of {', '.join(STRATEGIES)}"
+            )
+        return str(value)
+
+    @property
+    def notify(self) -> bool:
+        return bool(self._get("notify"))
+
+    def backoff(self, attempts: int) -> float:
+        """Seconds to wait before the next attempt after ``attempts`` claims.
+
+        ``retry_backoff * 2 ** (attempts - 1)`` capped at ``retry_backoff_max``, with
+        ``± retry_jitter`` random spread so that retries of a failed batch spread out.
+        """
+        base = _seconds(self._get("retry_backoff"), f"{self.label} retry_backoff", allow_zero=True)
+        cap = _seconds(
+            self._get("retry_backoff_max"), f"{self.label} retry_backoff_max", allow_zero=True
+        )
+        jitter = float(self._get("retry_jitter"))
+        delay = min(cap, base * (2 ** max(0, attempts - 1)))
+        if jitter:
+            delay *= 1 + random.uniform(-jitter, jitter)
+        return max(0.0, delay)
+
+    def handler(self) -> Callable[[Any], Any] | None:
+        """The callable that processes one claimed row, or ``None`` if the model has none.
+
+        ``ClaimMeta.handler`` may be a method name on the model (default ``"process"``),
+        a dotted path to a function taking the row, or a callable.
+        """
+        h = self._s.handler
+        if callable(h):
+            return h
+        if isinstance(h, str):
+            if "." not in h:
+                method = getattr(self._s.model, h, None)
+                if callable(method):
+                    return method
+                return None
+            try:
+                return import_string(h)
+            except ImportError as exc:
+                raise ConfigurationError(
+                    f"{self.label} ClaimMeta.handler {h!r} cannot be imported: {exc}"
+                ) from exc
+        return None
+
+
+def get_options(model: type[models.Model] | models.Model) -> ClaimOptions:
+    """Return the validated :class:`ClaimOptions` of a claimable model.
+
+    Raises :class:`NotClaimableError` if the model lacks the claim fields and
+    :class:`ConfigurationError` if its ``ClaimMeta`` is invalid.
+    """
+    if isinstance(model, models.Model):
+        model = type(model)
+    if model._meta.proxy:
+        model = model._meta.concrete_model  # type: ignore[assignment]
+    static = _cache.get(model)
+    if static is None:
+        static = _cache[model] = _build_static(model)
+    return ClaimOptions(static)
+
+
+def is_claimable(model: type[models.Model]) -> bool:
+    """Whether ``model`` has the fields needed to be claimed."""
+    names = {f.name for f in model._meta.concrete_fields}
+    status = getattr(getattr(model, "ClaimMeta", None), "status_field", "status")
+    return all(f in names for f in REQUIRED_FIELDS) and status in names
+
+
+def claimable_models() -> Iterator[type[models.Model]]:
+    """Every installed, concrete, non-proxy model that can be claimed."""
+    for model in apps.get_models():
+        if not model._meta.abstract and not model._meta.proxy and is_claimable(model):
+            yield model
+
+
+def resolve_model(label: str) -> type[models.Model]:
+    """Return the claimable model named ``app_label.ModelName`` or raise a clear error."""
+    if not isinstance(label, str) or label.count(".") != 1:
+        raise ConfigurationError(f"{label!r} is not a model label; use app_label.ModelName")
+    try:
+        model = apps.get_model(label)
+    except (LookupError, ValueError):
+        known = ", ".join(m._meta.label for m in claimable_models()) or "none installed"
+        raise ConfigurationError(
+            f"no model {label!r} is installed; claimable models: {known}"
+        ) from None
+    get_options(model)
+    return model

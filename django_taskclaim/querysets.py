@@ -1,0 +1,275 @@
+"""``ClaimQuerySetMixin``: claims, filters and fenced bulk operations on claimable rows.
+
+Filters are adjectives (``claimable()``, ``expired()``), mutations are verbs
+(``claim()``, ``requeue()``, ``reap()``). Every method composes with the caller's own
+filters: ``Document.objects.filter(kind="invoice").claim(10)``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
+from functools import partial
+from typing import TYPE_CHECKING, Any, Self
+
+from asgiref.sync import sync_to_async
+from django.db import models
+from django.db.models import Count, F, Q
+from django.db.models.functions import Now
+
+from . import signals
+from .db import default_worker_id, in_user_atomic, retry_transient
+from .exceptions import ClaimInTransactionError, ConfigurationError
+from .options import ClaimOptions, get_options
+from .strategies import resolve, validate_lease
+
+if TYPE_CHECKING:
+    from .reaper import ReapResult
+
+logger = logging.getLogger("django_taskclaim.claim")
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+if TYPE_CHECKING:
+    _QuerySetBase = models.QuerySet[Any]
+else:
+    _QuerySetBase = object
+
+
+class ClaimQuerySetMixin(_QuerySetBase):
+    """Mix into your own ``QuerySet`` to make its model's rows claimable."""
+
+    # -- helpers ------------------------------------------------------------------
+    @property
+    def claim_options(self) -> ClaimOptions:
+        """The model's resolved claim options (raises ``NotClaimableError`` if none)."""
+        return get_options(self.model)
+
+    def _qs(self) -> models.QuerySet:
+        return self
+
+    # -- filters --------------------------------------------------------------------
+    def in_state(self, *states: str) -> Self:
+        """Rows whose status is one of the logical ``states`` (``"ready"``, ``"done"``…)."""
+        return self._qs().filter(self.claim_options.status_q(*states))  # type: ignore[return-value]
+
+    def claimable(self) -> Self:
+        """Rows that can be claimed now: ``ready`` and ``run_after`` passed (database clock)."""
+        opts = self.claim_options
+        qs = self._qs().filter(opts.status_q("ready"))
+        if opts.has("run_after"):
+            qs = qs.filter(Q(run_after__isnull=True) | Q(run_after__lte=Now()))
+        return qs  # type: ignore[return-value]
+
+    def ready(self) -> Self:
+        """Rows in the ``ready`` state, including those deferred by ``run_after``."""
+        return self.in_state("ready")
+
+    def processing(self) -> Self:
+        """Rows currently held under a lease (or whose lease expired but were not reaped)."""
+        return self.in_state("processing")
+
+    def expired(self) -> Self:
+        """``processing`` rows whose lease ended before the database's ``now()``."""
+        return self.processing().filter(locked_until__lt=Now())
+
+    def done(self) -> Self:
+        return self.in_state("done")
+
+    def failed(self) -> Self:
+        return self.in_state("failed")
+
+    def cancelled(self) -> Self:
+        return self.in_state("cancelled")
+
+    # -- claiming ---------------------------------------------------------------------
+    def claim(
+        self,
+        n: int = 1,
+        *,
+        lease: float | timedelta | None = None,
+        worker: str | None = None,
+        strategy: str | None = None,
+    ) -> list[Any]:
+        """Claim up to ``n`` claimable rows of this queryset for ``lease`` seconds.
+
+        Guarantees: no row is handed to two claimers at once (on every strategy and
+        database); each returned row is ``processing`` with its token (``version``)
+        and ``attempts`` bumped and ``locked_until = now() + lease`` on the database
+        clock; rows come oldest first within priority. Fewer than ``n`` (or none) may
+        come back when rows are scarce or held by others. Refused inside the caller's
+        own ``atomic()`` block (except with ``strategy="hold"``, which requires one).
+        """
+        n = _positive_int(n, "claim(n)")
+        opts = self.claim_options
+        using = self.db
+        lease_s = validate_lease(opts.lease if lease is None else lease)
+        if worker is not None and (not isinstance(worker, str) or len(worker) > 255):
+            raise ConfigurationError(
+                f"worker must be a string of at most 255 characters, got {worker!r}"
+            )
+        worker = worker or default_worker_id()
+        strat = resolve(strategy or opts.strategy, using)
+        if strat.needs_caller_atomic:
+            if not in_user_atomic(using):
+                raise ClaimInTransactionError(
+                    f"strategy {strat.name!r} holds row locks for a transaction: call it "
+                    f"inside transaction.atomic(using={using!r}) and process the rows there"
+                )
+        elif in_user_atomic(using):
+            raise ClaimInTransactionError(
+                "claim() was called inside an open transaction.atomic() block: the claim "
+                "would stay invisible to other workers until that block commits and would "
+                "hold row locks meanwhile. Claim outside the block, then use "
+                "task.fenced() for transactional work on the claimed row."
+            )
+        qs = self.claimable()
+        rows = retry_transient(
+            lambda: strat.claim(qs, n, opts=opts, lease=lease_s, worker=worker),
+            using,
+            what=f"claim {opts.label}",
+        )
+        if rows:
+            signals.task_claimed.send(sender=self.model, tasks=rows, worker=worker, using=using)
+        return rows
+
+    def claim_next(self, **kwargs: Any) -> Any | None:
+        """Claim the oldest claimable row, or return ``None``. Same guarantees as ``claim``."""
+        rows = self.claim(1, **kwargs)
+        return rows[0] if rows else None
+
+    async def aclaim(self, n: int = 1, **kwargs: Any) -> list[Any]:
+        """Async twin of :meth:`claim` (runs it in a thread)."""
+        return await sync_to_async(self.claim)(n, **kwargs)
+
+    async def aclaim_next(self, **kwargs: Any) -> Any | None:
+        """Async twin of :meth:`claim_next`."""
+        return await sync_to_async(self.claim_next)(**kwargs)
+
+    # -- heartbeats -------------------------------------------------------------------
+    def extend_leases(
+        self, tasks: Sequence[Any], seconds: float | timedelta | None = None
+    ) -> list[Any]:
+        """Extend the leases of the claimed ``tasks`` in one statement; return those lost.
+
+        A task is lost when its token no longer matches (reaped, re-claimed, changed).
+        Lost tasks are not touched. Does not bump the token.
+        """
+        if not tasks:
+            return []
+        opts = self.claim_options
+        lease = validate_lease(opts.lease if seconds is None else seconds)
+        cond = Q()
+        for t in tasks:
+            cond |= Q(pk=t.pk, version=t.version)
+        base = self.model._base_manager.using(self.db)
+        fenced = base.filter(cond).filter(opts.status_q("processing"))
+        n = retry_transient(
+            lambda: fenced.update(locked_until=Now() + timedelta(seconds=lease)),
+            self.db,
+            what="extend leases",
+        )
+        if n == len(tasks):
+            return []
+        alive = set(
+            base.filter(cond).filter(opts.status_q("processing")).values_list("pk", flat=True)
+        )
+        return [t for t in tasks if t.pk not in alive]
+
+    # -- bulk operations (fenced by the state condition, token bumped) ---------------
+    def _transition(
+        self,
+        from_states: Iterable[str],
+        to_state: str,
+        extra: dict[str, Any] | None = None,
+        *,
+        batch_size: int | None = None,
+    ) -> int:
+        opts = self.claim_options
+        from_states = tuple(from_states)
+        updates = {opts.status_field: opts.value(to_state), "version": F("version") + 1}
+        updates.update(extra or {})
+        base = self.model._base_manager.using(self.db)
+        scope = self.in_state(*from_states)
+        if batch_size is None:
+            return retry_transient(lambda: scope.update(**updates), self.db, what="transition")
+        batch_size = _positive_int(batch_size, "batch_size")
+        total, last = 0, None
+        pk_name = self.model._meta.pk.name
+        while True:
+            page = scope.order_by("pk")
+            if last is not None:
+                page = page.filter(pk__gt=last)
+            pks = list(page.values_list("pk", flat=True)[:batch_size])
+            if not pks:
+                return total
+            last = pks[-1]
+            target = base.filter(**{f"{pk_name}__in": pks}).filter(opts.status_q(*from_states))
+            total += retry_transient(
+                partial(target.update, **updates),
+                self.db,
+                what="transition",
+            )
+
+    def requeue(self, *, reset_attempts: bool = True, batch_size: int | None = None) -> int:
+        """Put ``failed``/``cancelled``/``done`` rows back to ``ready`` now; return how many.
+
+        ``processing`` rows are left alone (use :meth:`release`). With
+        ``reset_attempts`` the retry budget starts over.
+        """
+        opts = self.claim_options
+        extra: dict[str, Any] = {"locked_until": None}
+        if reset_attempts:
+            extra["attempts"] = 0
+        if opts.has("run_after"):
+            extra["run_after"] = None
+        if opts.has("finished_at"):
+            extra["finished_at"] = None
+        states = [s for s in ("failed", "cancelled", "done") if opts.statuses.get(s) is not None]
+        return self._transition(states, "ready", extra, batch_size=batch_size)
+
+    def release(self, *, batch_size: int | None = None) -> int:
+        """Take ``processing`` rows back from their holders (who are fenced); ``ready`` now."""
+        return self._transition(
+            ["processing"], "ready", {"locked_until": None}, batch_size=batch_size
+        )
+
+    def cancel(self, *, batch_size: int | None = None) -> int:
+        """Cancel ``ready`` and ``processing`` rows; holders are fenced. Needs a cancelled state."""
+        opts = self.claim_options
+        if opts.statuses.get("cancelled") is None:
+            raise ConfigurationError(f"{opts.label} maps no 'cancelled' status")
+        extra: dict[str, Any] = {"locked_until": None}
+        if opts.has("finished_at"):
+            extra["finished_at"] = Now()
+        return self._transition(["ready", "processing"], "cancelled", extra, batch_size=batch_size)
+
+    def reap(self, **kwargs: Any) -> ReapResult:
+        """Recover this queryset's expired leases; see :func:`django_taskclaim.reaper.reap`."""
+        from .reaper import reap_queryset
+
+        return reap_queryset(self._qs(), **kwargs)
+
+    def stats(self) -> dict[str, int]:
+        """Counts per logical state, plus ``expired`` (processing with a lapsed lease)."""
+        opts = self.claim_options
+        counts = {state: 0 for state, v in opts.statuses.items() if v is not None}
+        for row in self._qs().order_by().values(opts.status_field).annotate(n=Count("pk")):
+            state = opts.state_of(row[opts.status_field])
+            if state is not None:
+                counts[state] += row["n"]
+        counts["expired"] = self.expired().count()
+        return counts
+
+
+class ClaimQuerySet(ClaimQuerySetMixin, models.QuerySet):
+    """A ``QuerySet`` with claims; attach with ``objects = ClaimQuerySet.as_manager()``."""
+
+
+ClaimManager = models.Manager.from_queryset(ClaimQuerySet)

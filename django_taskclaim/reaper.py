@@ -1,0 +1,148 @@
+"""Recovery of rows stuck in ``processing`` after a crash: ``reap()``.
+
+Each batch is two bounded UPDATEs whose conditions (``processing``, lease before the
+database's ``now()``) are re-checked inside the UPDATE itself — never a SELECT followed by
+an UPDATE by id alone — so a row a worker completes or re-leases meanwhile is left alone.
+The token is bumped, fencing the old holder.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from django.db import models, router
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce, Concat, Now
+
+from . import signals
+from .db import retry_transient
+from .options import claimable_models, get_options
+
+logger = logging.getLogger("django_taskclaim.reaper")
+
+
+@dataclass
+class ReapResult:
+    """Counts of one reap: rows put back to ``ready`` and rows ended ``failed``, per model."""
+
+    requeued: int = 0
+    failed: int = 0
+    per_model: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return self.requeued + self.failed
+
+    def add(self, label: str, requeued: int, failed: int) -> None:
+        self.requeued += requeued
+        self.failed += failed
+        entry = self.per_model.setdefault(label, {"requeued": 0, "failed": 0})
+        entry["requeued"] += requeued
+        entry["failed"] += failed
+
+
+def reap_queryset(
+    qs: models.QuerySet,
+    *,
+    batch_size: int | None = None,
+    held_by: Iterable[str] | None = None,
+    dry_run: bool = False,
+    max_batches: int | None = None,
+) -> ReapResult:
+    """Recover the stuck rows of ``qs``; see :func:`reap`."""
+    from .conf import taskclaim_settings
+
+    opts = get_options(qs.model)
+    using = qs.db
+    batch = int(batch_size or taskclaim_settings.REAP_BATCH)
+    if batch < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    holders = list(held_by) if held_by is not None else None
+    stuck = Q(opts.status_q("processing"))
+    if holders is not None:
+        if not opts.has("locked_by"):
+            raise ValueError(f"{opts.label} has no locked_by field; cannot reap by holder")
+        stuck &= Q(locked_by__in=holders)
+        why = "worker {} was found dead"
+    else:
+        stuck &= Q(locked_until__lt=Now())
+        why = "lease expired; held by {}"
+    scope = qs.filter(stuck)
+    result = ReapResult()
+    if dry_run:
+        n_failed = scope.filter(attempts__gte=opts.max_attempts).count()
+        result.add(opts.label, scope.count() - n_failed, n_failed)
+        return result
+
+    base = qs.model._base_manager.using(using)
+    prefix, suffix = why.split("{}")
+    common: dict[str, Any] = {"version": F("version") + 1, "locked_until": None}
+    if opts.has("last_error"):
+        holder = Coalesce(F("locked_by"), Value("?")) if opts.has("locked_by") else Value("?")
+        common["last_error"] = Concat(
+            Value(prefix), holder, Value(suffix), output_field=models.TextField()
+        )
+    to_failed = {**common, opts.status_field: opts.value("failed")}
+    if opts.has("finished_at"):
+        to_failed["finished_at"] = Now()
+    to_ready = {**common, opts.status_field: opts.value("ready")}
+    max_attempts = opts.max_attempts
+    batches = 0
+    while max_batches is None or batches < max_batches:
+        batches += 1
+        pks = list(scope.order_by().values_list("pk", flat=True)[:batch])
+        if not pks:
+            break
+        target = base.filter(pk__in=pks).filter(stuck)
+        failed = retry_transient(
+            partial(target.filter(attempts__gte=max_attempts).update, **to_failed),
+            using,
+            what="reap",
+        )
+        requeued = retry_transient(partial(target.update, **to_ready), using, what="reap")
+        result.add(opts.label, requeued, failed)
+        if len(pks) < batch:
+            break
+    if result.total:
+        logger.info(
+            "reaped model=%s requeued=%s failed=%s", opts.label, result.requeued, result.failed
+        )
+        signals.task_reaped.send(
+            sender=qs.model, requeued=result.requeued, failed=result.failed, using=using
+        )
+    return result
+
+
+def reap(
+    *models_: type[models.Model],
+    using: str | None = None,
+    batch_size: int | None = None,
+    held_by: Iterable[str] | None = None,
+    dry_run: bool = False,
+) -> ReapResult:
+    """Recover rows stuck in ``processing`` for the given models (default: all claimable).
+
+    A row is stuck when its lease ended before the database's ``now()`` (or, with
+    ``held_by``, when one of those workers holds it regardless of the lease). Stuck rows
+    go back to ``ready``, or to ``failed`` when ``attempts`` reached ``max_attempts``;
+    their token is bumped so the old holder's writes are fenced, and ``last_error`` says
+    why. Works in bounded batches (``TASKCLAIM_REAP_BATCH``). ``dry_run`` only counts.
+    """
+    result = ReapResult()
+    targets = list(models_) or list(claimable_models())
+    holders = list(held_by) if held_by is not None else None
+    for model in targets:
+        db = using or router.db_for_write(model)
+        part = reap_queryset(
+            model._base_manager.db_manager(db).all(),
+            batch_size=batch_size,
+            held_by=holders,
+            dry_run=dry_run,
+        )
+        for label, counts in part.per_model.items():
+            result.add(label, counts["requeued"], counts["failed"])
+    return result

@@ -1,0 +1,353 @@
+"""Claim strategies, one small class each. All vendor-specific SQL of the claim path lives here.
+
+Every strategy takes a queryset already narrowed to claimable rows (the user's filters
+plus ``status = ready`` and ``run_after <= now()``) and turns at most ``n`` of them into
+``processing`` rows held by ``worker`` until ``now() + lease`` (database clock), with
+``version`` and ``attempts`` bumped. None ever hands one row to two claimers.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from datetime import timedelta
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, models, transaction
+from django.db.models import F, sql
+from django.db.models.functions import Now
+
+from .exceptions import ConfigurationError, StrategyNotSupportedError
+
+if TYPE_CHECKING:
+    from .options import ClaimOptions
+
+
+class Strategy:
+    """Base class: ``claim(qs, n, ...)`` returns the claimed instances, FIFO-ordered."""
+
+    name = ""
+    #: vendors supporting the strategy; None = every vendor Django supports
+    vendors: frozenset[str] | None = None
+    #: "hold" runs inside the caller's transaction; the others refuse one
+    needs_caller_atomic = False
+
+    def supported(self, using: str) -> bool:
+        conn = connections[using]
+        if self.vendors is not None and conn.vendor not in self.vendors:
+            return False
+        return self._features_ok(conn)
+
+    def _features_ok(self, conn: Any) -> bool:
+        return True
+
+    def claim(
+        self, qs: models.QuerySet, n: int, *, opts: ClaimOptions, lease: float, worker: str
+    ) -> list[models.Model]:
+        raise NotImplementedError
+
+
+# -- shared pieces --------------------------------------------------------------------
+
+
+def claim_updates(opts: ClaimOptions, lease: float, worker: str) -> dict[str, Any]:
+    """The ORM form of the SET clause of a claim."""
+    updates: dict[str, Any] = {
+        opts.status_field: opts.value("processing"),
+        "version": F("version") + 1,
+        "attempts": F("attempts") + 1,
+        "locked_until": Now() + timedelta(seconds=lease),
+    }
+    if opts.has("locked_by"):
+        updates["locked_by"] = worker
+    return updates
+
+
+def _sort(rows: list[models.Model], ordering: tuple[str, ...]) -> list[models.Model]:
+    for item in reversed(ordering):
+        rows.sort(key=attrgetter(item.lstrip("-")), reverse=item.startswith("-"))
+    return rows
+
+
+def _compile(qs: models.QuerySet) -> tuple[str, tuple[Any, ...]]:
+    sql, params = qs.query.get_compiler(using=qs.db).as_sql()
+    return sql, tuple(params)
+
+
+def _pg_update_returning(
+    qs: models.QuerySet,
+    candidates_sql: str,
+    candidates_params: tuple[Any, ...],
+    *,
+    opts: ClaimOptions,
+    lease: float,
+    worker: str,
+) -> list[models.Model]:
+    """``WITH c AS MATERIALIZED (<candidates>) UPDATE … FROM c … RETURNING *`` on PostgreSQL.
+
+    One statement, one round trip. The candidates live in a materialized CTE so they
+    are computed exactly once: written as ``pk IN (SELECT … LIMIT n FOR UPDATE SKIP
+    LOCKED)`` the planner may pick a nested-loop semi-join that re-runs the subquery
+    per outer row, and each re-run skips the rows this very statement already updated
+    and returns *new* ones — claiming more than ``n`` rows. Re-checking ``status`` in
+    the UPDATE keeps the claim safe even when the candidates took no row lock
+    (PostgreSQL re-evaluates the condition on the newest row version).
+    """
+    model = qs.model
+    conn = connections[qs.db]
+    qn = conn.ops.quote_name
+    table = qn(model._meta.db_table)
+    pk = qn(model._meta.pk.column)
+    status = qn(opts.status_column)
+    sets = [
+        f"{status} = %s",
+        f"{qn('version')} = {qn('version')} + 1",
+        f"{qn('attempts')} = {qn('attempts')} + 1",
+        f"{qn('locked_until')} = STATEMENT_TIMESTAMP() + %s * INTERVAL '1 second'",
+    ]
+    params: list[Any] = [opts.value("processing"), lease]
+    if opts.has("locked_by"):
+        sets.append(f"{qn('locked_by')} = %s")
+        params.append(worker)
+    sql = (
+        f"WITH {qn('taskclaim_c')} AS MATERIALIZED ({candidates_sql}) "
+        f"UPDATE {table} SET {', '.join(sets)} FROM {qn('taskclaim_c')} "
+        f"WHERE {table}.{pk} = {qn('taskclaim_c')}.{qn('pk')} AND {table}.{status} = %s "
+        f"RETURNING {table}.*"
+    )
+    params = [*candidates_params, *params, opts.value("ready")]
+    rows = list(model._base_manager.db_manager(qs.db).raw(sql, params))
+    return _sort(rows, opts.ordering)
+
+
+def _candidates(qs: models.QuerySet, opts: ClaimOptions, limit: int) -> models.QuerySet:
+    return qs.order_by(*opts.ordering).values("pk")[:limit]
+
+
+# -- strategies -----------------------------------------------------------------------
+
+
+class SkipLocked(Strategy):
+    """``SELECT … FOR UPDATE SKIP LOCKED``: claimers skip each other's rows, never wait.
+
+    PostgreSQL: one statement (``UPDATE … WHERE pk IN (SELECT … FOR UPDATE SKIP LOCKED)
+    RETURNING``). MySQL 8 / MariaDB ≥ 10.6: one short transaction (locking SELECT +
+    UPDATE), the lease computed from the database clock read in that SELECT.
+    """
+
+    name = "skip_locked"
+    vendors = frozenset({"postgresql", "mysql", "oracle"})
+
+    def _features_ok(self, conn: Any) -> bool:
+        return bool(conn.features.has_select_for_update_skip_locked)
+
+    def claim(self, qs, n, *, opts, lease, worker):
+        conn = connections[qs.db]
+        if conn.vendor == "postgresql":
+            sql, params = _compile(_candidates(qs, opts, n))
+            lock = conn.ops.for_update_sql(
+                skip_locked=True, of=(conn.ops.quote_name(qs.model._meta.db_table),)
+            )
+            return _pg_update_returning(
+                qs, f"{sql} {lock}", params, opts=opts, lease=lease, worker=worker
+            )
+        return self._claim_in_transaction(qs, n, opts=opts, lease=lease, worker=worker)
+
+    def _claim_in_transaction(self, qs, n, *, opts, lease, worker):
+        conn = connections[qs.db]
+        of = ("self",) if conn.features.has_select_for_update_of else ()
+        with transaction.atomic(using=qs.db):
+            rows = list(
+                qs.order_by(*opts.ordering)
+                .select_for_update(skip_locked=True, of=of)
+                .annotate(_taskclaim_now=Now())[:n]
+            )
+            if not rows:
+                return []
+            until = rows[0]._taskclaim_now + timedelta(seconds=lease)
+            updates = claim_updates(opts, lease, worker)
+            updates["locked_until"] = until
+            done = (
+                qs.model._base_manager.using(qs.db)
+                .filter(pk__in=[r.pk for r in rows])
+                .filter(opts.status_q("ready"))
+                .update(**updates)
+            )
+            if done != len(rows):  # pragma: no cover - rows are locked by this transaction
+                raise transaction.TransactionManagementError(
+                    "locked rows changed under a claim; rolled back"
+                )
+        for r in rows:
+            setattr(r, opts.status_field, opts.value("processing"))
+            r.version += 1
+            r.attempts += 1
+            r.locked_until = until
+            if opts.has("locked_by"):
+                r.locked_by = worker
+            del r._taskclaim_now
+        return rows
+
+
+class CompareAndSet(Strategy):
+    """Optimistic claim: read candidates, then ``UPDATE … WHERE pk=? AND version=? AND
+    status=ready`` each; a row counts as claimed only when exactly one row was updated.
+
+    Works on every database. Tries candidates in FIFO order and, after a collision,
+    in random order among the remaining ones so that concurrent claimers spread out.
+    On SQLite the whole batch is one conditional UPDATE (see ``_claim_sqlite``).
+    """
+
+    name = "cas"
+
+    def claim(self, qs, n, *, opts, lease, worker):
+        conn = connections[qs.db]
+        if conn.vendor == "sqlite" and conn.features.can_return_columns_from_insert:
+            return self._claim_sqlite(qs, n, opts=opts, lease=lease, worker=worker)
+        return self._claim_candidates(qs, n, opts=opts, lease=lease, worker=worker)
+
+    def _claim_sqlite(self, qs, n, *, opts, lease, worker):
+        """SQLite runs one writer at a time, so the compare-and-set of a whole batch is one
+        statement: ``UPDATE … WHERE pk IN (<n candidates>) AND status = ready RETURNING *``.
+
+        If another writer committed after this statement's read snapshot began, SQLite
+        refuses the write ("database is locked", retried) rather than using stale data.
+        """
+        base = qs.model._base_manager.using(qs.db)
+        target = base.filter(pk__in=_candidates(qs, opts, n)).filter(opts.status_q("ready"))
+        query = target.query.chain(sql.UpdateQuery)
+        query.add_update_values(claim_updates(opts, lease, worker))
+        update_sql, params = query.get_compiler(qs.db).as_sql()
+        rows = list(base.raw(f"{update_sql} RETURNING *", params))
+        return _sort(rows, opts.ordering)
+
+    def _claim_candidates(self, qs, n, *, opts, lease, worker):
+        from .conf import taskclaim_settings
+
+        base = qs.model._base_manager.using(qs.db)
+        k = max(n, int(taskclaim_settings.CAS_CANDIDATES))
+        updates = claim_updates(opts, lease, worker)
+        won: list[Any] = []
+        for _round in range(8):
+            candidates = list(
+                qs.exclude(pk__in=won).order_by(*opts.ordering).values_list("pk", "version")[:k]
+            )
+            if not candidates:
+                break
+            collided = False
+            while candidates and len(won) < n:
+                index = random.randrange(len(candidates)) if collided else 0
+                pk, version = candidates.pop(index)
+                hit = (
+                    base.filter(pk=pk, version=version)
+                    .filter(opts.status_q("ready"))
+                    .update(**updates)
+                )
+                if hit == 1:
+                    won.append(pk)
+                else:
+                    collided = True
+            if len(won) >= n or not collided:
+                break
+        if not won:
+            return []
+        return _sort(list(base.filter(pk__in=won)), opts.ordering)
+
+
+def advisory_table_key(model: type[models.Model]) -> int:
+    """The int32 first half of the advisory-lock key pair used by the ``advisory`` strategy."""
+    value = zlib.crc32(model._meta.db_table.encode())
+    return value - (1 << 32) if value >= (1 << 31) else value
+
+
+class Advisory(Strategy):
+    """PostgreSQL: candidates guarded by ``pg_try_advisory_xact_lock(table, hash(pk))``.
+
+    One statement; the transaction-scoped locks vanish when it ends, so this works
+    behind pgBouncer in transaction mode. The status is re-checked in the UPDATE.
+    """
+
+    name = "advisory"
+    vendors = frozenset({"postgresql"})
+
+    def claim(self, qs, n, *, opts, lease, worker):
+        sql, params = _compile(_candidates(qs, opts, max(n * 4, n + 8)))
+        candidates = (
+            f"SELECT c.pk FROM ({sql}) c(pk) "
+            f"WHERE pg_try_advisory_xact_lock(%s, hashtext(c.pk::text)) LIMIT {int(n)}"
+        )
+        return _pg_update_returning(
+            qs,
+            candidates,
+            (*params, advisory_table_key(qs.model)),
+            opts=opts,
+            lease=lease,
+            worker=worker,
+        )
+
+
+class Serializable(Strategy):
+    """PostgreSQL: plain SELECT + UPDATE inside a SERIALIZABLE transaction.
+
+    Conflicting claimers get a serialization failure, retried inside the library.
+    """
+
+    name = "serializable"
+    vendors = frozenset({"postgresql"})
+
+    def claim(self, qs, n, *, opts, lease, worker):
+        with transaction.atomic(using=qs.db):
+            with connections[qs.db].cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+            sql, params = _compile(_candidates(qs, opts, n))
+            return _pg_update_returning(qs, sql, params, opts=opts, lease=lease, worker=worker)
+
+
+class Hold(Strategy):
+    """PostgreSQL: ``FOR UPDATE SKIP LOCKED`` kept for the caller's whole transaction.
+
+    Must be called inside ``transaction.atomic()``; the row locks (and a connection)
+    are held until that transaction ends. A crash rolls the claim back by itself —
+    including the attempt count, so a task that kills its worker is retried forever
+    in this mode. Use for short jobs only.
+    """
+
+    name = "hold"
+    vendors = frozenset({"postgresql"})
+    needs_caller_atomic = True
+
+    def claim(self, qs, n, *, opts, lease, worker):
+        return SkipLocked().claim(qs, n, opts=opts, lease=lease, worker=worker)
+
+
+STRATEGIES: dict[str, Strategy] = {
+    s.name: s for s in (SkipLocked(), CompareAndSet(), Advisory(), Serializable(), Hold())
+}
+
+
+def resolve(name: str, using: str) -> Strategy:
+    """Return the strategy called ``name`` (``auto`` picks per vendor) or raise clearly."""
+    if name == "auto":
+        for candidate in ("skip_locked", "cas"):
+            if STRATEGIES[candidate].supported(using):
+                return STRATEGIES[candidate]
+    strategy = STRATEGIES.get(name)
+    if strategy is None:
+        raise StrategyNotSupportedError(
+            f"unknown claim strategy {name!r}; choose one of auto, {', '.join(STRATEGIES)}"
+        )
+    if not strategy.supported(using):
+        conn = connections[using]
+        raise StrategyNotSupportedError(
+            f"claim strategy {name!r} is not supported on {conn.vendor} "
+            f"(database {using!r}); use 'cas' (every database) or 'auto'"
+        )
+    return strategy
+
+
+def validate_lease(lease: Any) -> float:
+    if isinstance(lease, timedelta):
+        lease = lease.total_seconds()
+    if isinstance(lease, bool) or not isinstance(lease, int | float) or lease <= 0:
+        raise ConfigurationError(f"lease must be a positive number of seconds, got {lease!r}")
+    return float(lease)

@@ -1,0 +1,228 @@
+"""Claim semantics on every strategy the database supports."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from django_taskclaim import (
+    ClaimInTransactionError,
+    ConfigurationError,
+    NotClaimableError,
+    StrategyNotSupportedError,
+)
+from django_taskclaim.querysets import ClaimQuerySet
+from django_taskclaim.signals import task_claimed
+from tests.testapp.models import Document, Job, Ledger
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ALL = ["skip_locked", "cas", "advisory", "serializable", "hold"]
+
+
+def claim(qs, n=1, strategy="auto", **kw):
+    if strategy == "hold":
+        with transaction.atomic():
+            return qs.claim(n, strategy="hold", **kw)
+    return qs.claim(n, strategy=strategy, **kw)
+
+
+def supported(strategy):
+    from django_taskclaim.strategies import STRATEGIES
+
+    if not STRATEGIES[strategy].supported("default"):
+        pytest.skip(f"{strategy} not supported on {connection.vendor}")
+
+
+def db_now():
+    return Document.objects.annotate(now=Now()).values_list("now", flat=True)[:1].get()
+
+
+@pytest.mark.parametrize("strategy", ALL)
+def test_fifo_within_priority_and_counts(strategy):
+    supported(strategy)
+    Document.objects.bulk_create([Document(title=f"d{i}") for i in range(4)])
+    urgent = Document.objects.create(title="urgent", priority=5)
+    rows = claim(Document.objects, 3, strategy)
+    assert [r.title for r in rows] == ["urgent", "d0", "d1"]
+    for r in rows:
+        assert r.status == "processing"
+        assert (r.version, r.attempts) == (1, 1)
+        assert r.locked_by
+    urgent.refresh_from_db()
+    assert urgent.status == "processing"
+    assert Document.objects.ready().count() == 2
+
+
+@pytest.mark.parametrize("strategy", ALL)
+def test_composes_with_user_filters_and_respects_run_after(strategy):
+    supported(strategy)
+    now = timezone.now()
+    Document.objects.create(title="later", kind="invoice", run_after=now + timedelta(hours=1))
+    Document.objects.create(title="other", kind="report")
+    Document.objects.create(title="due", kind="invoice", run_after=now - timedelta(seconds=1))
+    rows = claim(Document.objects.filter(kind="invoice"), 10, strategy)
+    assert [r.title for r in rows] == ["due"]
+    assert claim(Document.objects.filter(kind="invoice"), 10, strategy) == []
+
+
+@pytest.mark.parametrize("strategy", ALL)
+def test_lease_is_on_the_database_clock(strategy):
+    supported(strategy)
+    Document.objects.create()
+    (row,) = claim(Document.objects, 1, strategy, lease=120)
+    row.refresh_from_db()
+    delta = (row.locked_until - db_now()).total_seconds()
+    assert 110 < delta <= 120
+
+
+@pytest.mark.parametrize("strategy", ALL)
+def test_integer_status_mapping(strategy):
+    supported(strategy)
+    Job.objects.bulk_create([Job(name="a"), Job(name="b")])
+    Job.objects.create(name="done", status=Job.SUCCESS)
+    rows = claim(Job.objects, 5, strategy)
+    assert [r.name for r in rows] == ["a", "b"]
+    assert {r.status for r in rows} == {Job.PENDING}
+    rows[0].complete(name="a ok")
+    rows[1].fail("broken")
+    assert dict(Job.objects.values_list("name", "status")) == {
+        "a ok": Job.SUCCESS,
+        "b": Job.FAILED,
+        "done": Job.SUCCESS,
+    }
+    assert Job.objects.stats() == {
+        "ready": 0,
+        "processing": 0,
+        "done": 2,
+        "failed": 1,
+        "expired": 0,
+    }
+
+
+def test_claim_next_returns_none_when_empty():
+    assert Document.objects.claim_next() is None
+    Document.objects.create(title="x")
+    assert Document.objects.claim_next().title == "x"
+    assert Document.objects.claim_next() is None
+
+
+def test_claimed_signal_reports_rows():
+    seen = []
+
+    def receiver(sender, tasks, worker, using, **kw):
+        seen.append((sender, [t.pk for t in tasks], worker))
+
+    task_claimed.connect(receiver)
+    try:
+        d = Document.objects.create()
+        Document.objects.claim(worker="w-1")
+    finally:
+        task_claimed.disconnect(receiver)
+    assert seen == [(Document, [d.pk], "w-1")]
+
+
+@pytest.mark.parametrize("n", [0, -1, 1.5, "2", True, None])
+def test_bad_batch_size_is_refused(n):
+    Document.objects.create()
+    with pytest.raises(ValueError, match="positive integer"):
+        Document.objects.claim(n)
+    assert Document.objects.ready().count() == 1
+
+
+def test_unknown_and_unsupported_strategies():
+    Document.objects.create()
+    with pytest.raises(StrategyNotSupportedError, match="unknown claim strategy 'fast'"):
+        Document.objects.claim(strategy="fast")
+    if connection.vendor != "postgresql":
+        with pytest.raises(StrategyNotSupportedError, match="not supported on"):
+            Document.objects.claim(strategy="advisory")
+    assert Document.objects.ready().count() == 1
+
+
+@pytest.mark.parametrize("lease", [0, -5, "10", timedelta(seconds=-1)])
+def test_bad_lease_is_refused(lease):
+    Document.objects.create()
+    with pytest.raises(ConfigurationError, match="lease"):
+        Document.objects.claim(lease=lease)
+    assert Document.objects.ready().count() == 1
+
+
+def test_claim_inside_callers_atomic_is_refused():
+    Document.objects.create()
+    with transaction.atomic(), pytest.raises(ClaimInTransactionError, match="inside an open"):
+        Document.objects.claim()
+    assert Document.objects.ready().count() == 1
+
+
+def test_hold_requires_callers_atomic():
+    if connection.vendor != "postgresql":
+        pytest.skip("hold is PostgreSQL only")
+    Document.objects.create()
+    with pytest.raises(ClaimInTransactionError, match=r"inside transaction\.atomic"):
+        Document.objects.claim(strategy="hold")
+
+
+def test_hold_rolls_back_with_the_transaction():
+    if connection.vendor != "postgresql":
+        pytest.skip("hold is PostgreSQL only")
+    Document.objects.create()
+
+    def die_while_holding():
+        with transaction.atomic():
+            (row,) = Document.objects.claim(strategy="hold")
+            assert row.status == "processing"
+            raise RuntimeError("worker died")
+
+    with pytest.raises(RuntimeError):
+        die_while_holding()
+    assert Document.objects.ready().count() == 1
+
+
+def test_model_without_mixin_is_not_claimable():
+    qs = ClaimQuerySet(model=Ledger)
+    with pytest.raises(NotClaimableError, match=r"testapp\.Ledger is not claimable"):
+        qs.claim()
+
+
+def test_bad_worker_id_is_refused():
+    Document.objects.create()
+    with pytest.raises(ConfigurationError, match="worker must be a string"):
+        Document.objects.claim(worker="x" * 300)
+
+
+def test_naive_run_after_is_refused():
+    from django.utils.timezone import now
+
+    naive = now().replace(tzinfo=None)
+    with pytest.raises(ValueError, match="run_after must be timezone-aware"):
+        Document.objects.create(run_after=naive)
+    assert Document.objects.count() == 0
+
+
+def test_async_claim():
+    from asgiref.sync import async_to_sync
+
+    async def claim_one():
+        return await Document.objects.aclaim_next()
+
+    Document.objects.create(title="a")
+    row = async_to_sync(claim_one)()  # the sync part runs on this thread's connection
+    assert row.title == "a"
+
+
+def test_sqlite_claim_is_one_statement():
+    from django.test.utils import CaptureQueriesContext
+
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite-specific")
+    Document.objects.bulk_create([Document() for _ in range(20)])
+    with CaptureQueriesContext(connection) as q:
+        rows = Document.objects.claim(10)
+    assert len(rows) == 10
+    assert len(q.captured_queries) == 1
+    assert q.captured_queries[0]["sql"].startswith("UPDATE")

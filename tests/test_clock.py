@@ -1,0 +1,49 @@
+"""DB CLOCK: a process whose clock is skewed by ±1 h behaves identically, because all
+lease and schedule arithmetic happens in SQL on the database's clock."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+from django.db import connection
+from django.db.models.functions import Now
+
+from tests.helpers import PYTHON, ROOT, child_env
+from tests.testapp.models import Document
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.mark.parametrize("offset", ["+1h", "-1h", "+0"])
+def test_skewed_worker_clock_has_no_effect(offset):
+    if connection.vendor == "sqlite":
+        pytest.skip(
+            "SQLite runs inside the worker process, so its clock is that process's clock; "
+            "SQLite workers share one machine and one kernel clock"
+        )
+    faketime = shutil.which("faketime")
+    if not faketime:
+        pytest.skip("faketime is not installed (apt-get install faketime)")
+    Document.objects.bulk_create([Document(title=str(i)) for i in range(3)])
+    out = subprocess.run(
+        [faketime, "-f", offset, PYTHON, "-m", "tests.clock_proc"],
+        env=child_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    expected_skew = {"+1h": 3600, "-1h": -3600, "+0": 0}[offset]
+    assert abs(result["skew"] - expected_skew) < 120, "the child's clock was not skewed"
+    assert result["reaped"] == 0  # nothing the child claimed looked expired to it
+    rows = {d.pk: d for d in Document.objects.annotate(now=Now())}
+    a, b, c = (rows[pk] for pk in result["claimed"])
+    assert 100 < (a.locked_until - a.now).total_seconds() <= 120
+    assert b.status == "ready"
+    assert 50 < (b.run_after - b.now).total_seconds() <= 60
+    assert 20 < (c.locked_until - c.now).total_seconds() <= 30

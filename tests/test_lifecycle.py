@@ -1,0 +1,266 @@
+"""The fenced lifecycle: every write after a claim is conditioned on the claim token."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.db.models.functions import Now
+from django.test import override_settings
+
+from django_taskclaim import ClaimLost, Fail, Retry, reap
+from django_taskclaim.lifecycle import run_task
+from tests.testapp.models import Document, Ledger
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def expire(*rows):
+    """Move leases into the past on the database clock (as if time had passed)."""
+    Document.objects.filter(pk__in=[r.pk for r in rows]).update(
+        locked_until=Now() - timedelta(seconds=1)
+    )
+
+
+def fresh(row):
+    return Document.objects.get(pk=row.pk)
+
+
+def test_complete_saves_result_fields_in_the_same_fenced_update():
+    Document.objects.create(title="a")
+    row = Document.objects.claim_next()
+    counter = _Counter()
+    with connection.execute_wrapper(counter):
+        row.complete(result="42")
+    assert counter.statements == 1
+    db = fresh(row)
+    assert (db.status, db.result, db.version, db.locked_until) == ("done", "42", 2, None)
+    assert db.finished_at is not None
+    assert row.version == 2
+    assert row.status == "done"
+
+
+def test_complete_refuses_bookkeeping_and_unknown_fields():
+    Document.objects.create()
+    row = Document.objects.claim_next()
+    with pytest.raises(ValueError, match="claim bookkeeping"):
+        row.complete(version=99)
+    with pytest.raises(ValueError, match="has no field 'nope'"):
+        row.complete(nope=1)
+    assert fresh(row).status == "processing"
+
+
+def test_lost_claim_is_fenced_everywhere():
+    """FENCED: claim → lease expires → reap → another worker claims → every write of the
+    first worker affects nothing and raises ClaimLost; the new holder is untouched."""
+    Document.objects.create(title="t")
+    first = Document.objects.claim_next(worker="w1")
+    expire(first)
+    assert reap(Document).requeued == 1
+    second = Document.objects.claim_next(worker="w2")
+    assert second.pk == first.pk
+    assert second.version == first.version + 2  # reap bumped it, the new claim too
+    before = fresh(second)
+
+    for write in (
+        lambda: first.complete(result="stale"),
+        lambda: first.fail("stale"),
+        lambda: first.retry(),
+        lambda: first.release(),
+        lambda: first.extend_lease(600),
+    ):
+        with pytest.raises(ClaimLost):
+            write()
+    with pytest.raises(ClaimLost), first.fenced():
+        Ledger.objects.create(task_id=first.pk, token=first.version, worker="w1")
+    assert Ledger.objects.count() == 0
+
+    after = fresh(second)
+    for field in ("status", "version", "locked_until", "locked_by", "attempts", "result"):
+        assert getattr(after, field) == getattr(before, field), field
+    second.complete(result="fresh")
+    assert fresh(second).result == "fresh"
+
+
+def test_fenced_block_commits_only_while_the_claim_holds():
+    Document.objects.create()
+    row = Document.objects.claim_next()
+    with row.fenced():
+        Ledger.objects.create(task_id=row.pk, token=row.version)
+        row.complete(result="in block")
+    assert Ledger.objects.count() == 1
+    assert fresh(row).status == "done"
+    # A failing block rolls back the user's writes and keeps the claim.
+    Document.objects.create()
+    row2 = Document.objects.claim_next()
+
+    def write_then_fail():
+        with row2.fenced():
+            Ledger.objects.create(task_id=row2.pk, token=row2.version)
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        write_then_fail()
+    assert Ledger.objects.filter(task_id=row2.pk).count() == 0
+    assert fresh(row2).status == "processing"
+
+
+def test_admin_edit_of_row_data_does_not_unclaim():
+    doc = Document.objects.create(title="v1")
+    stale = Document.objects.get(pk=doc.pk)  # loaded while ready
+    held = Document.objects.claim_next()
+    stale.title = "v2"
+    stale.save()  # writes data fields only
+    db = fresh(doc)
+    assert (db.title, db.status, db.version) == ("v2", "processing", held.version)
+    held.complete()
+    # Naming a claim field writes it and bumps the token (fencing any holder).
+    db.status = "ready"
+    db.save(update_fields=["status"])
+    assert fresh(doc).version == held.version + 1
+    assert db.version == held.version + 1
+
+
+def test_retry_backoff_and_attempts_until_failed():
+    Document.objects.create()
+    with override_settings(TASKCLAIM_MAX_ATTEMPTS=3, TASKCLAIM_RETRY_JITTER=0):
+        for attempt in (1, 2):
+            row = Document.objects.claim_next()
+            assert row.attempts == attempt
+            assert row.retry(error=RuntimeError("flaky")) == "ready"
+            db = fresh(row)
+            assert "flaky" in db.last_error
+            assert db.run_after is not None  # backoff: 2s, then 4s
+            assert Document.objects.claimable().count() == 0
+            Document.objects.filter(pk=row.pk).update(run_after=None)
+        row = Document.objects.claim_next()
+        assert row.attempts == 3
+        assert row.retry(error="still flaky") == "failed"
+    db = fresh(row)
+    assert db.status == "failed"
+    assert "gave up after 3 attempt(s)" in db.last_error
+    assert db.finished_at is not None
+
+
+def test_backoff_grows_exponentially_with_cap():
+    from django_taskclaim import get_options
+
+    with override_settings(
+        TASKCLAIM_RETRY_JITTER=0, TASKCLAIM_RETRY_BACKOFF=2, TASKCLAIM_RETRY_BACKOFF_MAX=10
+    ):
+        opts = get_options(Document)
+        assert [opts.backoff(a) for a in (1, 2, 3, 4, 5)] == [2, 4, 8, 10, 10]
+    with override_settings(TASKCLAIM_RETRY_JITTER=0.5, TASKCLAIM_RETRY_BACKOFF=4):
+        values = {get_options(Document).backoff(1) for _ in range(50)}
+        assert all(2 <= v <= 6 for v in values)
+        assert len(values) > 1
+
+
+def test_retry_with_explicit_delay_on_database_clock():
+    Document.objects.create()
+    row = Document.objects.claim_next()
+    row.retry(delay=timedelta(minutes=10))
+    db = Document.objects.annotate(now=Now()).get(pk=row.pk)
+    assert 590 < (db.run_after - db.now).total_seconds() <= 600
+
+
+def test_release_does_not_count_the_attempt():
+    Document.objects.create()
+    row = Document.objects.claim_next()
+    row.release()
+    db = fresh(row)
+    assert (db.status, db.attempts, db.locked_until) == ("ready", 0, None)
+    assert Document.objects.claim_next().attempts == 1
+
+
+def test_extend_lease_keeps_the_token():
+    Document.objects.create()
+    row = Document.objects.claim_next(lease=5)
+    row.extend_lease(300)
+    db = Document.objects.annotate(now=Now()).get(pk=row.pk)
+    assert db.version == row.version
+    assert 290 < (db.locked_until - db.now).total_seconds() <= 300
+    row.complete()
+
+
+def test_extend_leases_in_bulk_reports_lost():
+    Document.objects.bulk_create([Document() for _ in range(3)])
+    rows = Document.objects.claim(3, lease=5)
+    expire(rows[0])
+    reap(Document)
+    lost = Document.objects.extend_leases(rows, 300)
+    assert [t.pk for t in lost] == [rows[0].pk]
+    assert Document.objects.get(pk=rows[0].pk).status == "ready"
+
+
+def test_attempts_counted_at_claim_so_poison_ends_failed():
+    """ATTEMPTS: a task that dies every time ends failed after max_attempts (via the reaper)."""
+    Document.objects.create()
+    with override_settings(TASKCLAIM_MAX_ATTEMPTS=2):
+        for _ in range(2):
+            row = Document.objects.claim_next()
+            assert row is not None
+            expire(row)  # the worker was SIGKILLed; the lease ran out
+            reap(Document)
+        assert Document.objects.claim_next() is None
+    db = Document.objects.get()
+    assert db.status == "failed"
+    assert "lease expired" in db.last_error
+
+
+@pytest.mark.parametrize(
+    ("payload", "outcome", "status"),
+    [
+        ({}, "done", "done"),
+        ({"raise": "oops"}, "ready", "ready"),
+        ({"fail": "bad input"}, "failed", "failed"),
+        ({"retry": 0}, "ready", "ready"),
+    ],
+)
+def test_run_task_outcomes(payload, outcome, status):
+    Document.objects.create(payload=payload)
+    row = Document.objects.claim_next()
+    assert run_task(row) == outcome
+    db = fresh(row)
+    assert db.status == status
+    if outcome == "done":
+        assert db.result == f"processed {row.pk}"
+    if "raise" in payload:
+        assert "RuntimeError: oops" in db.last_error
+    if "fail" in payload:
+        assert db.last_error == "bad input"
+
+
+def test_run_task_after_lost_claim_reports_lost():
+    Document.objects.create()
+    row = Document.objects.claim_next()
+    expire(row)
+    reap(Document)
+    assert run_task(row, handler=lambda t: None) == "lost"
+    assert fresh(row).status == "ready"
+
+
+def test_run_task_with_handler_that_raises_control_flow():
+    Document.objects.create()
+    row = Document.objects.claim_next()
+
+    def handler(task):
+        raise Retry(delay=0, reason="not yet")
+
+    assert run_task(row, handler) == "ready"
+    row = Document.objects.claim_next()
+
+    def handler2(task):
+        raise Fail("never")
+
+    assert run_task(row, handler2) == "failed"
+
+
+class _Counter:
+    def __init__(self):
+        self.statements = 0
+
+    def __call__(self, execute, sql, params, many, context):
+        self.statements += 1
+        return execute(sql, params, many, context)
