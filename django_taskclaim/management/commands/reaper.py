@@ -1,0 +1,7 @@
+"""``manage.py reaper``: the same command as ``taskclaim_reap``."""
+
+from .taskclaim_reap import Command as ReapCommand
+
+
+class Command(ReapCommand):
+    help = "Alias of taskclaim_reap. " + ReapCommand.help

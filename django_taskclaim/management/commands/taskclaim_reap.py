@@ -1,0 +1,109 @@
+"""``manage.py taskclaim_reap [app_label.Model ...]``: recover rows stuck in processing."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, connections
+
+from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.options import claimable_models, resolve_model
+from django_taskclaim.worker import configure_logging, recover
+
+
+class Command(BaseCommand):
+    help = (
+        "Put rows whose lease expired (and rows of workers found dead) back to ready, or "
+        "to failed once their attempts are used up. Runs once, or every --interval seconds."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("models", nargs="*", metavar="app_label.Model")
+        parser.add_argument("--once", action="store_true", help="one pass, then exit (default)")
+        parser.add_argument("--interval", default=None, help="loop, one pass every N seconds")
+        parser.add_argument("--dry-run", action="store_true", help="count only, change nothing")
+        parser.add_argument("--batch", default=None, help="rows per statement")
+        parser.add_argument("--database", default=None, help="database alias")
+        parser.add_argument(
+            "--no-dead-workers",
+            action="store_true",
+            help="only expired leases; ignore the worker registry",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        configure_logging(int(options["verbosity"]))
+        using = options["database"]
+        if using is not None and using not in settings.DATABASES:
+            raise CommandError(
+                f"--database {using!r} is not in settings.DATABASES; "
+                f"choose one of {', '.join(settings.DATABASES)}"
+            )
+        interval = _number(options["interval"], "--interval", float)
+        batch = _number(options["batch"], "--batch", int)
+        if options["once"] and interval is not None:
+            raise CommandError("--once and --interval contradict each other: give one of them")
+        try:
+            targets = [resolve_model(label) for label in options["models"]]
+        except ConfigurationError as exc:
+            raise CommandError(str(exc)) from None
+        if not targets:
+            targets = list(claimable_models())
+        if not targets:
+            raise CommandError("no claimable model is installed: nothing to reap")
+
+        def one_pass() -> None:
+            result = recover(
+                targets,
+                using=using,
+                dry_run=options["dry_run"],
+                dead=not options["no_dead_workers"],
+                batch_size=batch,
+            )
+            verb = "would requeue" if options["dry_run"] else "requeued"
+            for model in targets:
+                counts = result.per_model.get(model._meta.label, {"requeued": 0, "failed": 0})
+                self.stdout.write(
+                    f"{model._meta.label}: {verb}={counts['requeued']} "
+                    f"{'would fail' if options['dry_run'] else 'failed'}={counts['failed']}"
+                )
+            self.stdout.write(f"total: {verb}={result.requeued} failed={result.failed}")
+            self.stdout.flush()
+
+        if interval is None:
+            try:
+                one_pass()
+            except DatabaseError as exc:
+                raise CommandError(f"database error: {str(exc).strip().splitlines()[0]}") from None
+            return
+        stop = threading.Event()
+        previous = {
+            sig: signal.signal(sig, lambda *_: stop.set())
+            for sig in (signal.SIGTERM, signal.SIGINT)
+        }
+        try:
+            while not stop.is_set():
+                try:
+                    one_pass()
+                except DatabaseError as exc:
+                    self.stderr.write(f"reap failed: {str(exc).strip().splitlines()[0]}")
+                    connections.close_all()
+                stop.wait(interval)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def _number(value: Any, name: str, kind: type) -> Any:
+    if value is None:
+        return None
+    try:
+        number = kind(value)
+    except ValueError:
+        raise CommandError(f"{name} must be a number > 0, got {value!r}") from None
+    if number <= 0:
+        raise CommandError(f"{name} must be > 0, got {value!r}")
+    return number

@@ -1,0 +1,109 @@
+"""``manage.py taskclaim_worker [app_label.Model ...]``: run workers for claimable models."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.worker import (
+    EXIT_GRACE_EXPIRED,
+    EXIT_OK,
+    Worker,
+    WorkerConfig,
+    configure_logging,
+)
+
+
+class Command(BaseCommand):
+    help = (
+        "Run a worker that claims and processes rows of claimable models "
+        "(default: every claimable model with a processing entry point). "
+        "Exit codes: 0 stopped cleanly, 1 invalid configuration, 2 usage error, "
+        "3 tasks still running after --grace, 4 second signal."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        # Numbers are parsed as text and validated in handle(), so that every mistake
+        # gives one line naming the fix.
+        parser.add_argument("models", nargs="*", metavar="app_label.Model")
+        parser.add_argument("--concurrency", "-c", default="1", help="threads (default 1)")
+        parser.add_argument(
+            "--processes", "-p", default="1", help="worker processes under a supervisor"
+        )
+        parser.add_argument("--batch", "-b", default="1", help="rows claimed per round trip")
+        parser.add_argument("--lease", default=None, help="lease seconds (default: per model)")
+        parser.add_argument(
+            "--poll", default=None, help="seconds between polls (default TASKCLAIM_POLL_INTERVAL)"
+        )
+        parser.add_argument(
+            "--grace", default="30", help="seconds running tasks get to finish on SIGTERM"
+        )
+        parser.add_argument("--burst", action="store_true", help="drain what is ready, then exit")
+        parser.add_argument("--max-tasks", default=None, help="exit after this many tasks")
+        parser.add_argument("--max-runtime", default=None, help="exit after this many seconds")
+        parser.add_argument("--worker-id", default=None, help="name recorded in locked_by")
+        parser.add_argument("--database", default=None, help="database alias (default 'default')")
+        parser.add_argument("--no-reap", action="store_true", help="do not reap periodically")
+        parser.add_argument("--queue", default=None, help="only rows whose queue_name is NAME")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        configure_logging(int(options["verbosity"]))
+        try:
+            processes = int(options["processes"])
+        except ValueError:
+            processes = 0
+        try:
+            config = WorkerConfig.build(
+                options["models"],
+                using=options["database"],
+                concurrency=options["concurrency"],
+                processes=options["processes"],
+                batch=options["batch"],
+                lease=options["lease"],
+                poll=options["poll"],
+                grace=options["grace"],
+                burst=options["burst"],
+                max_tasks=options["max_tasks"],
+                max_runtime=options["max_runtime"],
+                worker_id=options["worker_id"],
+                reap=not options["no_reap"],
+                queue=options["queue"],
+            )
+        except ConfigurationError as exc:
+            raise CommandError(str(exc)) from None
+        if processes > 1:
+            code = self._supervise(config, processes)
+        else:
+            worker = Worker(config)
+            self.stdout.write(worker.describe())
+            self.stdout.flush()
+            code = worker.run()
+        if code == EXIT_GRACE_EXPIRED:
+            # Threads still run user code: do not wait for them at interpreter exit.
+            self.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        if code != EXIT_OK:
+            sys.exit(code)
+
+    def _supervise(self, config: WorkerConfig, processes: int) -> int:
+        from dataclasses import replace
+
+        from django_taskclaim.supervisor import Supervisor
+
+        stdout = self.stdout
+
+        def child(index: int) -> int:
+            worker_id = f"{config.worker_id}-{index}" if config.worker_id else None
+            worker = Worker(replace(config, worker_id=worker_id))
+            stdout.write(worker.describe() + f" process={index + 1}/{processes}")
+            stdout.flush()
+            return worker.run()
+
+        self.stdout.write(f"taskclaim supervisor pid={os.getpid()} processes={processes}")
+        self.stdout.flush()
+        return Supervisor(child, processes).run()

@@ -1,0 +1,132 @@
+"""``--processes N``: a small supervisor that forks N worker processes and keeps them up.
+
+The supervisor holds no database connection and runs no thread. It forks each child
+after closing its connections; a child runs one :class:`~django_taskclaim.worker.Worker`
+and exits with its code. A child that dies abnormally (a signal, or an exit code other
+than 0) is restarted, with backoff if it keeps dying at once; a child that exits 0
+(``--burst`` drained, ``--max-tasks`` or ``--max-runtime`` reached) is not. SIGTERM /
+SIGINT are forwarded to every child; a second one is forwarded too (children then exit at
+once) and the supervisor exits with :data:`~django_taskclaim.worker.EXIT_FORCED`.
+POSIX only (it uses ``fork``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.db import connections
+
+from .worker import EXIT_FORCED, EXIT_OK
+
+logger = logging.getLogger("django_taskclaim.supervisor")
+
+#: A child that dies within this many seconds of its start counts as a fast failure.
+FAST_FAILURE = 5.0
+
+
+class Supervisor:
+    """Run ``processes`` children, each calling ``target(index)`` and exiting with its result.
+
+    ``run()`` returns 0 when every child stopped cleanly, else the highest child exit code
+    seen after the stop began (or :data:`EXIT_FORCED` after a second signal).
+    """
+
+    def __init__(self, target: Callable[[int], int], processes: int) -> None:
+        if processes < 1:
+            raise ValueError("processes must be >= 1")
+        self.target = target
+        self.processes = processes
+        self.children: dict[int, tuple[int, float]] = {}  # pid -> (index, started)
+        self.restarts = 0
+        self._signals = 0
+        self._stopping = False
+        self._failures: dict[int, int] = {}  # index -> consecutive fast failures
+        self._code = EXIT_OK
+
+    def _spawn(self, index: int) -> int:
+        connections.close_all()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # child
+            code = 1
+            try:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                code = int(self.target(index))
+            except BaseException as exc:  # never return into the supervisor's loop
+                logger.error("worker process crashed index=%s error=%r", index, exc, exc_info=exc)
+                code = 1
+            finally:
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(code)
+        self.children[pid] = (index, time.monotonic())
+        logger.info("worker process started index=%s pid=%s", index, pid)
+        return pid
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signals += 1
+        self._stopping = True
+        for pid in list(self.children):
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+        if self._signals > 1:
+            logger.warning("second %s: supervisor exiting now", signal.Signals(signum).name)
+            sys.stderr.flush()
+            os._exit(EXIT_FORCED)
+
+    def run(self) -> int:
+        """Start the children and supervise them until all have stopped."""
+        previous = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
+        }
+        try:
+            for index in range(self.processes):
+                self._spawn(index)
+            while self.children:
+                try:
+                    pid, status = os.wait()
+                except ChildProcessError:
+                    break
+                if pid not in self.children:
+                    continue
+                index, started = self.children.pop(pid)
+                code = os.waitstatus_to_exitcode(status)
+                if self._stopping:
+                    self._code = max(self._code, code if code >= 0 else EXIT_FORCED)
+                    continue
+                if code == EXIT_OK:
+                    logger.info("worker process finished index=%s pid=%s", index, pid)
+                    continue
+                how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                fast = time.monotonic() - started < FAST_FAILURE
+                self._failures[index] = self._failures.get(index, 0) + 1 if fast else 0
+                delay = min(30.0, 0.5 * 2 ** self._failures[index]) if fast else 0.0
+                logger.warning(
+                    "worker process died index=%s pid=%s how=%s restart_in=%.1fs",
+                    index,
+                    pid,
+                    how,
+                    delay,
+                )
+                deadline = time.monotonic() + delay
+                while not self._stopping and time.monotonic() < deadline:
+                    time.sleep(min(0.2, deadline - time.monotonic()))
+                if not self._stopping:
+                    self.restarts += 1
+                    self._spawn(index)
+            return self._code
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -1,0 +1,84 @@
+"""``manage.py taskclaim_reap`` / ``reaper``: --once, --dry-run, --interval, dead workers."""
+
+from __future__ import annotations
+
+import io
+import signal
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.db.models.functions import Now
+
+from django_taskclaim.models import WorkerProcess
+from tests.helpers import wait_for
+from tests.testapp.models import Document
+from tests.worker_procs import WorkerProc, stop_all
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def reap(*args: str) -> str:
+    out = io.StringIO()
+    call_command("taskclaim_reap", *args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.fixture
+def stuck():
+    """Three rows with lapsed leases (one out of attempts) and two healthy rows."""
+    Document.objects.bulk_create([Document(title=f"s{i}") for i in range(5)])
+    short = Document.objects.claim(3, lease=0.05, worker="crashed")
+    Document.objects.filter(pk=short[0].pk).update(attempts=5)  # max_attempts reached
+    Document.objects.claim(1, lease=3600, worker="healthy")
+    wait_for(lambda: Document.objects.expired().count() == 3, timeout=10, what="leases lapse")
+    return short
+
+
+def test_dry_run_counts_and_changes_nothing(stuck):
+    before = list(Document.objects.order_by("pk").values_list("status", "version"))
+    out = reap("--dry-run", "testapp.Document")
+    assert "testapp.Document: would requeue=2 would fail=1" in out
+    assert list(Document.objects.order_by("pk").values_list("status", "version")) == before
+
+
+def test_once_requeues_expired_and_fails_exhausted(stuck):
+    out = reap("--once")
+    assert "testapp.Document: requeued=2 failed=1" in out
+    assert "total: requeued=2 failed=1" in out
+    stats = Document.objects.stats()
+    assert stats["ready"] == 3  # 2 requeued + 1 never claimed
+    assert stats["failed"] == 1
+    assert stats["processing"] == 1  # the healthy lease is left alone
+    assert Document.objects.get(pk=stuck[1].pk).version == stuck[1].version + 1  # fenced
+    assert reap("--once").endswith("total: requeued=0 failed=0\n")
+
+
+def test_rows_of_dead_workers_are_recovered_before_their_lease(settings):
+    settings.TASKCLAIM_WORKER_DEAD_AFTER = 30
+    Document.objects.bulk_create([Document(title="a"), Document(title="b")])
+    WorkerProcess.objects.create(worker_id="ghost", hostname="h", pid=1)
+    WorkerProcess.objects.create(worker_id="alive", hostname="h", pid=2)
+    WorkerProcess.objects.filter(worker_id="ghost").update(last_seen=Now() - timedelta(minutes=5))
+    Document.objects.claim(1, lease=3600, worker="ghost")
+    Document.objects.claim(1, lease=3600, worker="alive")
+    assert "requeued=0" in reap("--once", "--no-dead-workers")
+    assert "testapp.Document: requeued=1 failed=0" in reap("--once")
+    assert Document.objects.processing().get().locked_by == "alive"
+    assert WorkerProcess.objects.get(worker_id="ghost").stopped_at is not None
+    assert WorkerProcess.objects.get(worker_id="alive").stopped_at is None
+
+
+def test_interval_loops_until_sigterm(transactional_db):
+    Document.objects.bulk_create([Document(title="x")])
+    Document.objects.claim(1, lease=0.05, worker="crashed")
+    procs = [WorkerProc("--interval", "0.2", command="reaper")]
+    try:
+        p = procs[0]
+        wait_for(lambda: p.stdout().count("total:") >= 3, timeout=30, what="three passes")
+        assert "requeued=1" in p.stdout()
+        assert Document.objects.ready().count() == 1
+        p.signal(signal.SIGTERM)
+        assert p.wait(30) == 0
+    finally:
+        stop_all(procs)

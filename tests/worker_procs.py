@@ -1,0 +1,110 @@
+"""Start and stop real worker subprocesses for the worker tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from tests.helpers import child_env, wait_for
+
+ATOMIC = "tests.worker_handlers.process_atomic"
+
+
+class WorkerProc:
+    """A ``taskclaim_worker`` (or other command) subprocess with its output in temp files."""
+
+    def __init__(
+        self,
+        *args: str,
+        command: str = "taskclaim_worker",
+        settings: dict[str, Any] | None = None,
+        claim_meta: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        env = child_env(
+            TASKCLAIM_T_SETTINGS=json.dumps(settings or {}),
+            TASKCLAIM_T_CLAIMMETA=json.dumps(claim_meta or {}),
+            PYTHONUNBUFFERED="1",
+            **(env or {}),
+        )
+        self.out = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed by close()
+        self.err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self.args = args
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.worker_entry", command, *args],
+            env=env,
+            stdout=self.out,
+            stderr=self.err,
+            start_new_session=True,  # a signal to the test runner never reaches it
+        )
+        self.pid = self.proc.pid
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, timeout: float = 60) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stdout(self) -> str:
+        self.out.seek(0)
+        return self.out.read()
+
+    def stderr(self) -> str:
+        self.err.seek(0)
+        return self.err.read()
+
+    def wait_started(self, timeout: float = 30) -> None:
+        wait_for(
+            lambda: "taskclaim worker" in self.stdout() or not self.alive(),
+            timeout=timeout,
+            what="worker startup line",
+        )
+        assert self.alive(), f"worker exited early:\n{self.stdout()}\n{self.stderr()}"
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM and wait; SIGKILL if it does not stop in time."""
+        if self.alive():
+            self.signal(signal.SIGTERM)
+        try:
+            return self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.wait(10)
+            raise AssertionError(f"worker did not stop:\n{self.stderr()[-3000:]}") from None
+
+    def kill(self) -> None:
+        if self.alive():
+            self.signal(signal.SIGKILL)
+            self.wait(10)
+
+    def close(self) -> None:
+        self.kill()
+        self.out.close()
+        self.err.close()
+
+
+def stop_all(procs: list[WorkerProc]) -> None:
+    """Kill whatever is still running and close the output files (test teardown)."""
+    for p in procs:
+        p.close()
+
+
+def run_command(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a management command to completion in a subprocess; capture its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "tests.worker_entry", *args],
+        env=child_env(**(env or {})),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
