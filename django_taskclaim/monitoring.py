@@ -1,0 +1,270 @@
+"""Numbers about the queues and retention of finished rows.
+
+Shared by the admin dashboard, ``manage.py taskclaim_stats`` and
+``manage.py taskclaim_prune``. Every time-based figure is computed by the database with
+its own ``now()`` (never the web server's clock).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import connections, models, router
+from django.db.models import Count, Min, Q
+from django.db.models.functions import Now
+from django.utils.dateparse import parse_datetime
+
+from .conf import taskclaim_settings
+from .exceptions import ConfigurationError
+from .options import claimable_models, get_options
+from .status import TERMINAL_STATES
+
+logger = logging.getLogger("django_taskclaim.monitoring")
+
+#: Windows (minutes) of the "done recently" figures.
+THROUGHPUT_WINDOWS = (5, 60)
+
+
+def db_now(using: str = "default") -> datetime:
+    """The database server's current time (aware when ``USE_TZ``), one cheap query.
+
+    Lease and age figures are differences against this value, so a web server with a
+    skewed clock still shows what the database (and therefore the reaper) sees.
+    """
+    from django.utils import timezone
+
+    conn = connections[using]
+    sql = {
+        "postgresql": "SELECT CURRENT_TIMESTAMP",
+        "mysql": "SELECT UTC_TIMESTAMP(6)",
+        "sqlite": "SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')",
+    }.get(conn.vendor)
+    if sql is None:  # pragma: no cover - other vendors
+        return timezone.now()
+    with conn.cursor() as cursor:
+        cursor.execute(sql)
+        value = cursor.fetchone()[0]
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if value is None:  # pragma: no cover - defensive
+        return timezone.now()
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value, UTC)
+    return value
+
+
+@dataclass
+class ModelStats:
+    """Queue figures of one claimable model."""
+
+    label: str
+    verbose_name: str
+    counts: dict[str, int]
+    expired: int
+    total: int
+    oldest_ready_age: float | None  # seconds; None when no ready row or no created_at
+    done_last: dict[int, int | None]  # minutes -> rows finished done in that window
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dictionary (window keys become ``"5m"``, ``"60m"``)."""
+        data = asdict(self)
+        data["done_last"] = {f"{k}m": v for k, v in self.done_last.items()}
+        return data
+
+
+@dataclass
+class WorkerInfo:
+    """A registered worker process that sent a heartbeat recently."""
+
+    worker_id: str
+    hostname: str
+    pid: int
+    models: list[str]
+    concurrency: int
+    in_flight: int
+    processed: int
+    started_at: datetime
+    last_seen: datetime
+    seen_ago: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dictionary (datetimes as ISO 8601)."""
+        data = asdict(self)
+        data["started_at"] = self.started_at.isoformat()
+        data["last_seen"] = self.last_seen.isoformat()
+        return data
+
+
+@dataclass
+class Snapshot:
+    """Everything the dashboard and ``taskclaim_stats`` show, taken at ``now``."""
+
+    now: datetime
+    models: list[ModelStats] = field(default_factory=list)
+    workers: list[WorkerInfo] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dictionary."""
+        return {
+            "now": self.now.isoformat(),
+            "models": [m.as_dict() for m in self.models],
+            "workers": [w.as_dict() for w in self.workers],
+        }
+
+
+def model_stats(
+    model: type[models.Model], *, using: str | None = None, queryset: Any = None
+) -> ModelStats:
+    """Figures of one claimable model (or of ``queryset`` restricted to it).
+
+    Counts per logical state and ``expired`` leases come from two aggregate queries;
+    the oldest ready age and the done-recently windows from one more each. Nothing is
+    loaded row by row, so it stays cheap on large tables given the claim indexes.
+    """
+    opts = get_options(model)
+    db = using or router.db_for_read(model)
+    qs = queryset if queryset is not None else model._base_manager.using(db).all()
+    counts = {state: 0 for state, v in opts.statuses.items() if v is not None}
+    for row in qs.order_by().values(opts.status_field).annotate(n=Count("pk")):
+        state = opts.state_of(row[opts.status_field])
+        if state is not None:
+            counts[state] += row["n"]
+    expired = qs.filter(opts.status_q("processing"), locked_until__lt=Now()).count()
+    oldest: float | None = None
+    if opts.has("created_at") and counts.get("ready"):
+        ready = qs.filter(opts.status_q("ready"))
+        if opts.has("run_after"):
+            ready = ready.filter(Q(run_after__isnull=True) | Q(run_after__lte=Now()))
+        first = ready.aggregate(first=Min("created_at"))["first"]
+        if first is not None:
+            oldest = max(0.0, (db_now(db) - first).total_seconds())
+    done_last: dict[int, int | None] = {}
+    for minutes in THROUGHPUT_WINDOWS:
+        if opts.has("finished_at"):
+            done_last[minutes] = qs.filter(
+                opts.status_q("done"), finished_at__gte=Now() - timedelta(minutes=minutes)
+            ).count()
+        else:
+            done_last[minutes] = None
+    return ModelStats(
+        label=opts.label,
+        verbose_name=str(model._meta.verbose_name_plural),
+        counts=counts,
+        expired=expired,
+        total=sum(counts.values()),
+        oldest_ready_age=oldest,
+        done_last=done_last,
+    )
+
+
+def live_workers(using: str | None = None) -> list[WorkerInfo]:
+    """Registered workers not stopped and heard from within ``TASKCLAIM_WORKER_DEAD_AFTER``."""
+    from .models import WorkerProcess
+
+    db = using or router.db_for_read(WorkerProcess)
+    dead_after = float(taskclaim_settings.WORKER_DEAD_AFTER)
+    rows = WorkerProcess.objects.using(db).filter(
+        stopped_at__isnull=True, last_seen__gte=Now() - timedelta(seconds=dead_after)
+    )
+    now = db_now(db)
+    return [
+        WorkerInfo(
+            worker_id=w.worker_id,
+            hostname=w.hostname,
+            pid=w.pid,
+            models=list(w.model_labels or []),
+            concurrency=w.concurrency,
+            in_flight=w.in_flight,
+            processed=w.processed,
+            started_at=w.started_at,
+            last_seen=w.last_seen,
+            seen_ago=max(0.0, (now - w.last_seen).total_seconds()),
+        )
+        for w in rows.order_by("worker_id")
+    ]
+
+
+def snapshot(
+    targets: Iterable[type[models.Model]] | None = None, *, using: str | None = None
+) -> Snapshot:
+    """Figures of ``targets`` (default: every claimable model) and the live workers."""
+    chosen = list(targets) if targets is not None else list(claimable_models())
+    snap = Snapshot(now=db_now(using or "default"))
+    for model in sorted(chosen, key=lambda m: m._meta.label):
+        snap.models.append(model_stats(model, using=using))
+    snap.workers = live_workers(using)
+    return snap
+
+
+# -- retention --------------------------------------------------------------------
+
+
+@dataclass
+class PruneResult:
+    """Rows deleted (or, in a dry run, that would be) per model label."""
+
+    per_model: dict[str, int] = field(default_factory=dict)
+    dry_run: bool = False
+
+    @property
+    def total(self) -> int:
+        return sum(self.per_model.values())
+
+
+def prune(
+    model: type[models.Model],
+    *,
+    older_than: timedelta,
+    states: Sequence[str] = ("done", "cancelled"),
+    batch_size: int = 1000,
+    dry_run: bool = False,
+    using: str | None = None,
+    max_batches: int | None = None,
+) -> int:
+    """Delete finished rows of ``model`` whose ``finished_at`` is older than ``older_than``.
+
+    Only rows in the terminal ``states`` are touched; the age is measured with the
+    database's ``now()``. Works in batches of ``batch_size`` primary keys, each deleted
+    by a short statement that re-checks state and age, so the table is never locked
+    for long and a row requeued meanwhile is kept. Returns the number of rows deleted
+    (or that a ``dry_run`` would delete).
+    """
+    opts = get_options(model)
+    if not opts.has("finished_at"):
+        raise ConfigurationError(
+            f"{opts.label} has no finished_at field, so the age of its finished rows is "
+            "unknown; add TimestampFieldsMixin or prune it with your own query"
+        )
+    bad = [s for s in states if s not in TERMINAL_STATES]
+    if bad or not states:
+        raise ConfigurationError(
+            f"can only prune finished states ({', '.join(TERMINAL_STATES)}), got {list(states)}"
+        )
+    mapped = [s for s in states if opts.statuses.get(s) is not None]
+    if not mapped:
+        return 0
+    if batch_size < 1:
+        raise ConfigurationError(f"batch_size must be >= 1, got {batch_size}")
+    db = using or router.db_for_write(model)
+    cond = opts.status_q(*mapped) & Q(finished_at__lt=Now() - older_than)
+    scope = model._base_manager.using(db).filter(cond)
+    if dry_run:
+        return scope.count()
+    deleted = batches = 0
+    while max_batches is None or batches < max_batches:
+        batches += 1
+        pks = list(scope.order_by("pk").values_list("pk", flat=True)[:batch_size])
+        if not pks:
+            break
+        _, per = model._base_manager.using(db).filter(pk__in=pks).filter(cond).delete()
+        deleted += per.get(model._meta.label, 0)
+        logger.debug("pruned model=%s batch=%s rows=%s", opts.label, batches, len(pks))
+        if len(pks) < batch_size:
+            break
+    if deleted:
+        logger.info("pruned model=%s rows=%s older_than=%s", opts.label, deleted, older_than)
+    return deleted

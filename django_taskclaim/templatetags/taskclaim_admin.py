@@ -1,0 +1,24 @@
+"""Template tags of the admin integration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+from django.urls import NoReverseMatch, reverse
+
+register = template.Library()
+
+
+@register.inclusion_tag("django_taskclaim/admin/app_index_dashboard.html", takes_context=True)
+def taskclaim_dashboard(context: Any) -> dict[str, Any]:
+    """Render the queue dashboard for the current admin site and user."""
+    from ..admin import _site_by_name, dashboard_context
+
+    request = context["request"]
+    site = _site_by_name(getattr(request, "current_app", None))
+    try:
+        url = reverse("admin:taskclaim_dashboard", current_app=site.name)
+    except NoReverseMatch:
+        url = ""
+    return {**dashboard_context(request, site), "taskclaim_dashboard_url": url}

@@ -1,0 +1,259 @@
+"""The demo run: database, admin user, seeded rows, workers, a live progress bar.
+
+Kept apart from the management command so that the command only parses options.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.db import connection
+from django.db.models import Count
+from django.utils import timezone
+
+from .models import Document, ParserJob
+from .seeding import seed
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+MANAGE = PROJECT_DIR / "manage.py"
+
+
+@dataclass
+class DemoOptions:
+    docs: int = 1000
+    jobs: int = 100
+    workers: int = 3
+    concurrency: int = 4
+    batch: int = 4
+    timeout: float = 600.0
+    seconds: float | None = None
+    fail_rate: float | None = None
+    var_dir: Path = field(
+        default_factory=lambda: Path(os.environ.get("DEMO_VAR_DIR") or PROJECT_DIR / "var")
+    )
+
+
+class Demo:
+    """One demo run; ``run()`` returns the process exit code (0 = every document drained)."""
+
+    def __init__(self, options: DemoOptions, out: IO[str]) -> None:
+        self.o = options
+        self.out = out
+        self.tty = out.isatty() if hasattr(out, "isatty") else False
+        self.procs: list[subprocess.Popen] = []
+        self.reaper: subprocess.Popen | None = None
+        self.logs = self.o.var_dir / "logs"
+
+    # -- steps --------------------------------------------------------------------
+    def say(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def describe_database(self) -> str:
+        conf = settings.DATABASES["default"]
+        if conf["ENGINE"].endswith("postgresql") and str(conf.get("HOST", "")).startswith("/"):
+            return f"embedded PostgreSQL (data in {conf['HOST']})"
+        return f"{connection.vendor} {conf.get('HOST') or conf.get('NAME')}"
+
+    def prepare(self) -> tuple[str, str]:
+        """Migrate and make sure the admin user exists; return its credentials."""
+        self.o.var_dir.mkdir(parents=True, exist_ok=True)
+        self.say(f"database: {self.describe_database()}")
+        call_command("migrate", interactive=False, verbosity=0)
+        self.say("migrations: applied")
+        return self.ensure_admin()
+
+    def ensure_admin(self) -> tuple[str, str]:
+        """Create the superuser once; its password comes from the environment or a file."""
+        username = os.environ.get("DEMO_ADMIN_USER") or "admin"
+        password = os.environ.get("DEMO_ADMIN_PASSWORD") or ""
+        stored = self.o.var_dir / "admin-password.txt"
+        if not password and stored.exists():
+            password = stored.read_text().strip()
+        if not password:
+            password = secrets.token_urlsafe(9)
+        User = get_user_model()
+        user = User.objects.filter(username=username).first()
+        if user is None:
+            User.objects.create_superuser(username, f"{username}@example.com", password)
+            self.say(f"admin user: created {username!r}")
+        elif not user.check_password(password):
+            user.set_password(password)
+            user.save(update_fields=["password"])
+            self.say(f"admin user: {username!r} password updated")
+        else:
+            self.say(f"admin user: reusing {username!r}")
+        if not os.environ.get("DEMO_ADMIN_PASSWORD"):
+            stored.write_text(password + "\n")
+            stored.chmod(0o600)
+        return username, password
+
+    def start_worker(self, index: int) -> subprocess.Popen:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable,
+            str(MANAGE),
+            "worker",
+            "--burst",
+            "--concurrency",
+            str(self.o.concurrency),
+            "--batch",
+            str(self.o.batch),
+            "--worker-id",
+            f"demo-{os.getpid()}-{index}",
+        ]
+        return self._spawn(cmd, self.logs / f"worker-{index}.log")
+
+    def _spawn(self, cmd: list[str], log_path: Path) -> subprocess.Popen:
+        with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+            return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=PROJECT_DIR)
+
+    def start_reaper(self) -> subprocess.Popen:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, str(MANAGE), "reaper", "--interval", "2"]
+        return self._spawn(cmd, self.logs / "reaper.log")
+
+    # -- progress -------------------------------------------------------------------
+    def counts(self, batch: str) -> dict[str, int]:
+        rows = (
+            Document.objects.filter(batch=batch).order_by().values("status").annotate(n=Count("pk"))
+        )
+        return {r["status"]: r["n"] for r in rows}
+
+    def bar(self, c: dict[str, int], total: int, started: float) -> str:
+        done, failed = c.get("done", 0), c.get("failed", 0)
+        width = 30
+        d = int(width * done / total) if total else width
+        f = int(width * failed / total) if total else 0
+        f = min(f, width - d)
+        elapsed = time.monotonic() - started
+        rate = (done + failed) / elapsed if elapsed > 0 else 0.0
+        return (
+            f"[{'#' * d}{'x' * f}{'.' * (width - d - f)}] "
+            f"{done + failed}/{total}  done {done}  failed {failed}  "
+            f"processing {c.get('processing', 0)}  {elapsed:5.1f}s  {rate:6.1f}/s"
+        )
+
+    def run(self) -> int:
+        username, password = self.prepare()
+        batch = timezone.now().strftime("run-%Y%m%d-%H%M%S")
+        docs, jobs = seed(
+            self.o.docs,
+            batch=batch,
+            jobs=self.o.jobs,
+            seconds=self.o.seconds,
+            fail_rate=self.o.fail_rate,
+        )
+        self.say(f"seeded: {docs} documents and {jobs} parser jobs (batch {batch})")
+        self.say(
+            f"workers: {self.o.workers} processes x {self.o.concurrency} threads "
+            f"(manage.py worker --burst), plus the reaper; logs in {self.logs}"
+        )
+        started = time.monotonic()
+        deadline = started + self.o.timeout
+        self.reaper = self.start_reaper()
+        self.procs = [self.start_worker(i + 1) for i in range(self.o.workers)]
+        rounds = 1
+        last_line = 0.0
+        code = 0
+        try:
+            while True:
+                c = self.counts(batch)
+                line = self.bar(c, docs, started)
+                if self.tty:
+                    self.out.write("\r" + line)
+                    self.out.flush()
+                elif time.monotonic() - last_line > 2:
+                    self.say(line)
+                    last_line = time.monotonic()
+                open_rows = c.get("ready", 0) + c.get("processing", 0)
+                jobs_open = ParserJob.objects.filter(
+                    status__in=[ParserJob.NEW, ParserJob.PENDING]
+                ).exists()
+                if not open_rows and not jobs_open:
+                    break
+                if time.monotonic() > deadline:
+                    self.say(
+                        f"\ntimeout: {open_rows} documents still open after {self.o.timeout:g}s"
+                    )
+                    code = 1
+                    break
+                running = [p for p in self.procs if p.poll() is None]
+                crashed = [p for p in self.procs if p.poll() not in (None, 0)]
+                if crashed:
+                    self.say(
+                        f"\na worker exited with code {crashed[0].returncode}; see {self.logs}"
+                    )
+                    code = 1
+                    break
+                if not running and (
+                    Document.objects.claimable().exists() or ParserJob.objects.claimable().exists()
+                ):
+                    # Burst workers drained what was ready; retries deferred by backoff
+                    # became ready since: start another round.
+                    rounds += 1
+                    self.procs = [self.start_worker(i + 1) for i in range(self.o.workers)]
+                time.sleep(0.2)
+        finally:
+            self.stop()
+        if self.tty:
+            self.out.write("\n")
+        self.summary(batch, docs, started, rounds)
+        self.say("")
+        self.say("Open the admin:  make serve   then  http://127.0.0.1:8000/admin/")
+        self.say(f"                 user {username!r}  password {password!r}")
+        return code
+
+    def stop(self) -> None:
+        for proc in [*self.procs, *([self.reaper] if self.reaper else [])]:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in [*self.procs, *([self.reaper] if self.reaper else [])]:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    def summary(self, batch: str, docs: int, started: float, rounds: int) -> None:
+        c = self.counts(batch)
+        elapsed = time.monotonic() - started
+        retried = Document.objects.filter(batch=batch, attempts__gt=1).count()
+        self.say("")
+        self.say(f"summary of batch {batch}:")
+        self.say(f"  documents   {docs}")
+        for state in ("done", "failed", "ready", "processing", "cancelled"):
+            if c.get(state):
+                self.say(f"  {state:<11} {c[state]}")
+        self.say(f"  retried     {retried} (succeeded or failed after more than one attempt)")
+        jobs = dict(
+            ParserJob.objects.order_by()
+            .values_list("status")
+            .annotate(n=Count("pk"))
+            .values_list("status", "n")
+        )
+        names = {
+            ParserJob.SUCCESS: "success",
+            ParserJob.FAILED: "failed",
+            ParserJob.NEW: "new",
+            ParserJob.PENDING: "pending",
+        }
+        self.say(
+            "  parser jobs " + ", ".join(f"{names.get(k, k)} {v}" for k, v in sorted(jobs.items()))
+        )
+        rate = docs / elapsed if elapsed else 0
+        self.say(f"  time        {elapsed:.1f}s ({rate:.0f} documents/s, {rounds} worker round(s))")
+        drained = not (c.get("ready") or c.get("processing"))
+        self.say(
+            f"  drained     {'yes, every document reached done or failed' if drained else 'NO'}"
+        )
