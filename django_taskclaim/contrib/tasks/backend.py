@@ -1,0 +1,363 @@
+"""``TaskClaimBackend``: Django's Tasks API on a claimable table, with leases and retries.
+
+``TASKS = {"default": {"BACKEND": "django_taskclaim.contrib.tasks.backend.TaskClaimBackend"}}``
+stores each enqueued Task as a :class:`~django_taskclaim.contrib.tasks.models.QueuedTask`
+row; ``manage.py taskclaim_worker taskclaim_tasks.QueuedTask`` runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.apps import apps
+from django.db import router
+from django.db.models.functions import Now
+from django.tasks import Task, TaskResult
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+from django.utils.json import normalize_json
+
+from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.db import retry_transient
+
+from .exceptions import InvalidTaskArguments
+
+if TYPE_CHECKING:
+    from .models import QueuedTask
+
+logger = logging.getLogger("django_taskclaim.tasks")
+
+APP = "django_taskclaim.contrib.tasks"
+#: Keys accepted in ``TASKS[alias]["OPTIONS"]`` and what they mean.
+OPTION_NAMES = {
+    "database": "alias of the database holding the task table (default: the router's choice)",
+    "max_attempts": "attempts (claims) a task gets before it ends FAILED (1-1000)",
+    "retry_backoff": "seconds before the first retry; doubles on each further attempt",
+    "retry_backoff_max": "cap of the retry backoff, seconds",
+    "retry_jitter": "± fraction of random spread applied to each backoff (0-1)",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimTask(Task):
+    """Django's ``Task`` plus an optional per-task ``max_attempts``.
+
+    ``@task(max_attempts=3)`` works when the task's backend is a ``TaskClaimBackend``
+    (Django passes extra decorator arguments to the backend's ``task_class``);
+    ``None`` means the backend's ``OPTIONS["max_attempts"]``.
+    """
+
+    max_attempts: int | None = None
+
+
+def _number(value: Any, name: str, *, low: float, high: float | None = None) -> float:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidTaskBackend(f"{name} must be a number, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"between {low} and {high}"
+        raise InvalidTaskBackend(f"{name} must be {bounds}, got {value!r}")
+    return float(value)
+
+
+def _max_attempts(value: Any, where: str) -> int:
+    from .models import MAX_ATTEMPTS_CEILING
+
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not (1 <= value <= MAX_ATTEMPTS_CEILING)
+    ):
+        raise InvalidTaskBackend(
+            f"{where} must be a whole number between 1 and {MAX_ATTEMPTS_CEILING}, got {value!r}"
+        )
+    return value
+
+
+def _copy_task(task: Task, **changes: Any) -> Task:
+    """A copy of ``task`` with ``changes``, without running its validation."""
+    copy = object.__new__(type(task))
+    for f in fields(task):
+        object.__setattr__(copy, f.name, changes.get(f.name, getattr(task, f.name)))
+    return copy
+
+
+def encode_arguments(task: Task, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
+    """Return ``args`` / ``kwargs`` as the JSON values that will be stored.
+
+    Raises :class:`InvalidTaskArguments` (an ``InvalidTask`` and a ``TypeError``) naming
+    the offending argument when one cannot be stored as JSON. Tuples become lists and
+    UTF-8 bytes become strings, exactly as Django's ``TaskResult`` normalises them.
+    """
+    path = task.module_path
+    if not isinstance(args, list | tuple):
+        raise InvalidTaskArguments(f"positional arguments of {path} must be a list or tuple")
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise InvalidTaskArguments(f"keyword arguments of {path} must be a dict with str keys")
+    items = [(f"args[{i}]", v) for i, v in enumerate(args)] + [
+        (f"kwargs[{k!r}]", v) for k, v in kwargs.items()
+    ]
+    for where, value in items:
+        try:
+            json.dumps(normalize_json(value), allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as exc:
+            detail = str(exc)
+            if detail.startswith("Unsupported type") or detail.startswith("Unsupported value"):
+                detail = (
+                    f"Object of type {type(_first_bad(value)).__name__} is not JSON serializable"
+                )
+            raise InvalidTaskArguments(
+                f"{where} of {path} cannot be stored as JSON: {detail}. Task arguments must "
+                "survive a json.dumps()/json.loads() round trip; pass ids, strings and "
+                "numbers instead of objects (e.g. model instances, datetimes, sets)."
+            ) from exc
+    stored_args: list[Any] = normalize_json(list(args))  # type: ignore[assignment]
+    stored_kwargs: dict[str, Any] = normalize_json(dict(kwargs))  # type: ignore[assignment]
+    return stored_args, stored_kwargs
+
+
+def _first_bad(value: Any) -> Any:
+    """The innermost value ``normalize_json`` rejects (for the error message)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            for part in (k, v):
+                try:
+                    normalize_json(part)
+                except (TypeError, ValueError):
+                    return _first_bad(part)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            try:
+                normalize_json(v)
+            except (TypeError, ValueError):
+                return _first_bad(v)
+    return value
+
+
+class TaskClaimBackend(BaseTaskBackend):
+    """A ``django.tasks`` backend storing tasks in a claimable table.
+
+    Guarantees: ``enqueue`` validates everything first and writes nothing when it
+    raises ``InvalidTask``; the row is written with the caller's connection, so inside
+    ``transaction.atomic()`` the task exists (and can run) only once the caller commits;
+    a task runs under a lease, is retried with backoff up to ``max_attempts`` and is
+    recovered after a crash; ``get_result`` sees the database state from any process.
+    """
+
+    task_class = ClaimTask
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        from .models import NAME_MAX_LENGTH
+
+        unknown = sorted(set(self.options) - set(OPTION_NAMES))
+        if unknown:
+            raise InvalidTaskBackend(
+                f"TASKS[{alias!r}]['OPTIONS'] has unknown key(s) {', '.join(unknown)}; "
+                f"{type(self).__name__} accepts {', '.join(sorted(OPTION_NAMES))}"
+            )
+        if len(alias) > NAME_MAX_LENGTH:
+            raise InvalidTaskBackend(
+                f"backend alias {alias!r} is longer than {NAME_MAX_LENGTH} characters"
+            )
+        for name in sorted(self.queues):
+            if not isinstance(name, str) or not name or len(name) > NAME_MAX_LENGTH:
+                raise InvalidTaskBackend(
+                    f"TASKS[{alias!r}]['QUEUES'] entry {name!r} must be a non-empty string of "
+                    f"at most {NAME_MAX_LENGTH} characters"
+                )
+        if "max_attempts" in self.options:
+            _max_attempts(self.options["max_attempts"], f"TASKS[{alias!r}] max_attempts")
+        self.retry_settings()  # validates the retry options now, not at the first failure
+        database = self.options.get("database")
+        if database is not None and not isinstance(database, str):
+            raise InvalidTaskBackend(f"TASKS[{alias!r}] database must be an alias string")
+
+    # -- options ------------------------------------------------------------------
+    @property
+    def model(self) -> type[QueuedTask]:
+        """The task model; a clear error if the sub-app is not installed."""
+        if not apps.is_installed(APP):
+            raise InvalidTaskBackend(
+                f"TASKS[{self.alias!r}] uses {type(self).__name__}: add {APP!r} to "
+                "INSTALLED_APPS and run migrate"
+            )
+        from .models import QueuedTask
+
+        return QueuedTask
+
+    @property
+    def database(self) -> str:
+        """The database alias holding this backend's tasks."""
+        return str(self.options.get("database") or router.db_for_write(self.model))
+
+    @property
+    def max_attempts(self) -> int:
+        """Default ``max_attempts`` of this backend's tasks (``TASKCLAIM_MAX_ATTEMPTS``)."""
+        value = self.options.get("max_attempts", taskclaim_settings.MAX_ATTEMPTS)
+        return _max_attempts(value, f"TASKS[{self.alias!r}] max_attempts")
+
+    def retry_settings(self) -> tuple[float, float, float]:
+        """``(backoff, backoff_max, jitter)`` from ``OPTIONS`` or the ``TASKCLAIM_*`` settings."""
+        where = f"TASKS[{self.alias!r}]"
+        base = _number(
+            self.options.get("retry_backoff", taskclaim_settings.RETRY_BACKOFF),
+            f"{where} retry_backoff",
+            low=0,
+        )
+        cap = _number(
+            self.options.get("retry_backoff_max", taskclaim_settings.RETRY_BACKOFF_MAX),
+            f"{where} retry_backoff_max",
+            low=0,
+        )
+        jitter = _number(
+            self.options.get("retry_jitter", taskclaim_settings.RETRY_JITTER),
+            f"{where} retry_jitter",
+            low=0,
+            high=1,
+        )
+        return base, cap, jitter
+
+    # -- validation -----------------------------------------------------------------
+    def validate_task(self, task: Task) -> None:
+        """Raise ``InvalidTask`` with a clear message if this backend cannot run ``task``.
+
+        On top of Django's checks: ``run_after`` may also be a ``timedelta`` (relative
+        to the database clock at enqueue time); queue names must be listed in
+        ``QUEUES`` (unless it is ``[]``) and fit the column; a task's own
+        ``max_attempts`` must be between 1 and 1000.
+        """
+        run_after = task.run_after
+        if run_after is not None and not isinstance(run_after, datetime | timedelta):
+            raise InvalidTask(
+                f"run_after must be an aware datetime, a timedelta or None, got {run_after!r}"
+            )
+        if isinstance(run_after, timedelta) and run_after < timedelta(0):
+            raise InvalidTask(f"run_after must not be a negative timedelta, got {run_after!r}")
+        if self.queues and task.queue_name not in self.queues:
+            raise InvalidTask(
+                f"queue_name {task.queue_name!r} is not valid for backend {self.alias!r}: "
+                f"allowed queues are {', '.join(sorted(map(repr, self.queues)))} "
+                f"(TASKS[{self.alias!r}]['QUEUES'])"
+            )
+        from .models import NAME_MAX_LENGTH
+
+        if not isinstance(task.queue_name, str) or len(task.queue_name) > NAME_MAX_LENGTH:
+            raise InvalidTask(
+                f"queue_name must be a string of at most {NAME_MAX_LENGTH} characters, "
+                f"got {task.queue_name!r}"
+            )
+        if isinstance(task.priority, bool) or not isinstance(task.priority, int | float):
+            raise InvalidTask(f"priority must be a whole number, got {task.priority!r}")
+        own = getattr(task, "max_attempts", None)
+        if own is not None:
+            try:
+                _max_attempts(own, f"max_attempts of {task.module_path}")
+            except InvalidTaskBackend as exc:
+                raise InvalidTask(str(exc)) from None
+        probe = _copy_task(task, run_after=None) if isinstance(run_after, timedelta) else task
+        super().validate_task(probe)
+
+    # -- enqueue --------------------------------------------------------------------
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Store ``task`` with its arguments as a READY row and return its ``TaskResult``.
+
+        Everything is validated before the single INSERT; ``InvalidTask`` means nothing
+        was written. Inside the caller's ``atomic()`` block the row commits or rolls
+        back with the caller. ``task_enqueued`` is sent once the row is written.
+        """
+        from .results import to_result
+
+        self.validate_task(task)
+        args_json, kwargs_json = encode_arguments(task, args, kwargs)
+        model = self.model
+        own = getattr(task, "max_attempts", None)
+        row = model(
+            task_path=task.module_path,
+            args=args_json,
+            kwargs=kwargs_json,
+            queue_name=task.queue_name,
+            backend_name=self.alias,
+            priority=int(task.priority),
+            max_attempts=own if own is not None else self.max_attempts,
+        )
+        if isinstance(task.run_after, timedelta):
+            row.run_after = Now() + task.run_after  # database clock
+        else:
+            row.run_after = task.run_after
+        using = self.database
+        retry_transient(
+            lambda: row.save(using=using, force_insert=True), using, what="enqueue task"
+        )
+        stale = [
+            name
+            for name in ("created_at", "run_after")
+            if getattr(row, name) is not None and not isinstance(getattr(row, name), datetime)
+        ]
+        if stale:  # database-computed values the INSERT did not return
+            row.refresh_from_db(using=using, fields=stale)
+        # Workers listening on PostgreSQL are woken by the post_save hook of
+        # django_taskclaim.notify, when the row commits.
+        result = to_result(row, task=task)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    # -- results --------------------------------------------------------------------
+    def _key(self, result_id: Any) -> uuid.UUID:
+        try:
+            return uuid.UUID(str(result_id))
+        except ValueError:
+            raise TaskResultDoesNotExist(result_id) from None
+
+    def get_result(self, result_id: Any) -> TaskResult:
+        """The current ``TaskResult`` of ``result_id`` as stored in the database.
+
+        Reads the database the tasks are written to (never a replica), so a result
+        refreshed right after a state change sees it. Raises
+        ``TaskResultDoesNotExist`` for an unknown or malformed id.
+        """
+        from .results import to_result
+
+        model = self.model
+        try:
+            row = model._base_manager.using(self.database).get(pk=self._key(result_id))
+        except model.DoesNotExist:
+            raise TaskResultDoesNotExist(result_id) from None
+        return to_result(row)
+
+    async def aget_result(self, result_id: Any) -> TaskResult:
+        """Async twin of :meth:`get_result`."""
+        from .results import to_result
+
+        model = self.model
+        try:
+            row = await model._base_manager.using(self.database).aget(pk=self._key(result_id))
+        except model.DoesNotExist:
+            raise TaskResultDoesNotExist(result_id) from None
+        return to_result(row)
+
+    def check(self, **kwargs: Any) -> list[Any]:
+        """System check: the sub-app must be installed for this backend to work."""
+        from django.core import checks
+
+        if not apps.is_installed(APP):
+            return [
+                checks.Error(
+                    f"TASKS[{self.alias!r}] uses {type(self).__name__} but {APP!r} is not "
+                    "in INSTALLED_APPS.",
+                    hint=f"Add {APP!r} to INSTALLED_APPS and run migrate.",
+                    id="taskclaim_tasks.E001",
+                )
+            ]
+        return []

@@ -1,0 +1,88 @@
+"""The concrete task model of the ``django.tasks`` backend: one row per enqueued task.
+
+Rows are claimed, leased, retried and recovered like any other claimable model; the
+worker runs them through :func:`django_taskclaim.contrib.tasks.runner.execute`.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME
+from django.utils.translation import gettext_lazy as _
+
+from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.mixins import ClaimableModel, claim_indexes
+from django_taskclaim.status import Status
+
+#: Highest ``max_attempts`` a task may have. It is also the model-level budget the
+#: reaper applies, so that each row's own ``max_attempts`` (checked when the row is
+#: next claimed) decides when a task that keeps losing its worker ends failed.
+MAX_ATTEMPTS_CEILING = 1000
+
+
+def default_max_attempts() -> int:
+    """``TASKCLAIM_MAX_ATTEMPTS``: the budget of rows inserted without the backend."""
+    return int(taskclaim_settings.MAX_ATTEMPTS)
+
+
+#: Longest queue name and backend alias that fit their columns.
+NAME_MAX_LENGTH = 64
+
+
+class QueuedTask(ClaimableModel):
+    """One enqueued ``django.tasks`` Task and its result.
+
+    Adds to :class:`~django_taskclaim.mixins.ClaimableModel`: ``id`` (UUID, the
+    ``TaskResult.id``), ``task_path``, ``args``, ``kwargs``, ``queue_name``,
+    ``backend_name``, ``max_attempts``, ``return_value``, ``errors`` (one entry per
+    failed or lost attempt, with traceback), ``worker_ids`` (one entry per attempt),
+    ``attempt_open``, ``started_at`` and ``last_attempted_at``. ``created_at`` is the
+    ``enqueued_at`` of the result; ``priority`` is Django's (higher runs first).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    task_path = models.CharField(_("task"), max_length=255)
+    args = models.JSONField(_("positional arguments"), default=list, blank=True)
+    kwargs = models.JSONField(_("keyword arguments"), default=dict, blank=True)
+    queue_name = models.CharField(
+        _("queue"), max_length=NAME_MAX_LENGTH, default=DEFAULT_TASK_QUEUE_NAME
+    )
+    backend_name = models.CharField(
+        _("backend"), max_length=NAME_MAX_LENGTH, default=DEFAULT_TASK_BACKEND_ALIAS
+    )
+    max_attempts = models.PositiveSmallIntegerField(_("max attempts"), default=default_max_attempts)
+    return_value = models.JSONField(_("return value"), null=True, blank=True, editable=False)
+    errors = models.JSONField(_("errors"), default=list, blank=True, editable=False)
+    worker_ids = models.JSONField(_("worker ids"), default=list, blank=True, editable=False)
+    attempt_open = models.BooleanField(
+        _("attempt in progress"),
+        default=False,
+        editable=False,
+        help_text=_("Set when an attempt starts, cleared when it records its outcome."),
+    )
+    started_at = models.DateTimeField(_("started at"), null=True, blank=True, editable=False)
+    last_attempted_at = models.DateTimeField(
+        _("last attempted at"), null=True, blank=True, editable=False
+    )
+
+    class ClaimMeta:
+        handler = "django_taskclaim.contrib.tasks.runner.execute"
+        max_attempts = MAX_ATTEMPTS_CEILING
+
+    class Meta:
+        verbose_name = _("queued task")
+        verbose_name_plural = _("queued tasks")
+        indexes = [
+            *claim_indexes("tctask"),
+            # The worker's --queue NAME claim: WHERE status = 'ready' AND queue_name = ...
+            models.Index(
+                fields=["queue_name", "-priority", "created_at"],
+                condition=models.Q(status=Status.READY.value),
+                name="tctask_queue_claim",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} ({self.pk})"

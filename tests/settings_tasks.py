@@ -1,0 +1,22 @@
+"""Test settings with the ``django.tasks`` backend installed (``--ds=tests.settings_tasks``)."""
+
+import os
+
+from tests.settings import *  # noqa: F403
+from tests.settings import INSTALLED_APPS
+
+INSTALLED_APPS = [*INSTALLED_APPS, "django_taskclaim.contrib.tasks"]
+
+TASKS = {
+    "default": {
+        "BACKEND": "django_taskclaim.contrib.tasks.backend.TaskClaimBackend",
+        "QUEUES": ["default", "emails", "other"],
+        "OPTIONS": {"max_attempts": 3, "retry_backoff": 0, "retry_jitter": 0},
+    },
+}
+
+# The examples of Django's Tasks documentation send mail: keep it in memory.
+MAILERS = {"default": {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"}}
+
+# Worker subprocesses of the recovery tests reap often.
+TASKCLAIM_REAP_INTERVAL = float(os.environ.get("TASKCLAIM_TEST_REAP_INTERVAL", "30"))

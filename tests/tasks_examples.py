@@ -1,0 +1,121 @@
+"""Task functions for the ``django.tasks`` backend tests.
+
+The first group are the examples of Django's Tasks documentation, as written there;
+the rest drive failure and recovery scenarios. The module is imported by the test
+process and by worker subprocesses alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+from django.core.mail import send_mail
+from django.tasks import task
+
+from django_taskclaim.exceptions import Fail, Retry
+
+logger = logging.getLogger(__name__)
+
+
+# -- Django's documentation examples --------------------------------------------------
+@task
+def email_users(emails, subject, message):
+    return send_mail(subject=subject, message=message, from_email=None, recipient_list=emails)
+
+
+@task(priority=2, queue_name="emails")
+def email_users_on_queue(emails, subject, message):
+    return send_mail(subject=subject, message=message, from_email=None, recipient_list=emails)
+
+
+@task(takes_context=True)
+def email_users_with_context(context, emails, subject, message):
+    logger.debug(
+        f"Attempt {context.attempt} to send user email. Task result id: {context.task_result.id}."
+    )
+    return send_mail(subject=subject, message=message, from_email=None, recipient_list=emails)
+
+
+@task()
+def calculate_meaning_of_life() -> int:
+    return 42
+
+
+@task()
+def process_data(data):
+    return data
+
+
+@task()
+def double_dictionary(key):
+    return {key: key * 2}
+
+
+@task
+def my_task(thing_num):
+    from tests.testapp.models import Document
+
+    return Document.objects.get(title=f"thing {thing_num}").pk
+
+
+# -- more behaviours ----------------------------------------------------------------------
+@task
+async def async_add(a, b):
+    await asyncio.sleep(0)
+    return {"sum": a + b, "loop": asyncio.get_running_loop().is_running()}
+
+
+@task
+def raise_value_error(message):
+    raise ValueError(message)
+
+
+@task
+def fail_for_good(reason):
+    raise Fail(reason)
+
+
+@task
+def retry_later(delay):
+    raise Retry(delay, reason=f"not yet, retry in {delay}s")
+
+
+@task(takes_context=True)
+def flaky(context, succeed_on):
+    """Raises until attempt ``succeed_on``, then returns the attempt number."""
+    if context.attempt < succeed_on:
+        raise RuntimeError(f"attempt {context.attempt} fails")
+    return context.attempt
+
+
+@task(takes_context=True)
+def slow_first_attempt(context, marker):
+    """Attempt 1 announces itself and then runs until killed (at most 120 s);
+    later attempts record one completion as a Document titled ``marker``."""
+    from tests.testapp.models import Document
+
+    if context.attempt == 1:
+        Document.objects.create(title=f"{marker} started pid={os.getpid()}")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+    Document.objects.create(title=marker)
+    return {"attempt": context.attempt, "pid": os.getpid()}
+
+
+@task
+def returns_unserialisable():
+    return {1, 2, 3}
+
+
+@task(max_attempts=1)
+def one_shot(message):
+    raise RuntimeError(message)
+
+
+@task
+def add(a, b=0):
+    return a + b
