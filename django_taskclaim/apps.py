@@ -10,3 +10,6 @@ class TaskClaimConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks, lock_checks  # noqa: F401  (register the system checks)
+        from .notify import connect_signals
+
+        connect_signals()

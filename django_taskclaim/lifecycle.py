@@ -224,11 +224,6 @@ def run_task(task: Any, handler: Callable[[Any], Any] | None = None) -> str:
             result = async_to_sync(handler)(task)
         else:
             result = handler(task)
-        state = opts.state_of(getattr(task, opts.status_field))
-        if state != "processing":
-            return state or "unknown"  # the handler finished the row itself
-        task.complete(**(dict(result) if isinstance(result, Mapping) else {}))
-        return "done"
     except ClaimLost:
         return "lost"
     except Retry as exc:
@@ -244,6 +239,23 @@ def run_task(task: Any, handler: Callable[[Any], Any] | None = None) -> str:
             exc,
         )
         outcome = ("retry", None, exc)
+    else:
+        # Completion runs outside the handler's except clauses: a database error while
+        # completing is the caller's to see, not a handler failure to retry.
+        state = opts.state_of(getattr(task, opts.status_field))
+        if state != "processing":
+            return state or "unknown"  # the handler finished the row itself
+        fields = dict(result) if isinstance(result, Mapping) else {}
+        try:
+            _check_fields(opts, task, fields)
+        except ValueError as exc:  # the handler returned fields the model cannot store
+            outcome = ("retry", None, exc)
+        else:
+            try:
+                task.complete(**fields)
+            except ClaimLost:
+                return "lost"
+            return "done"
     try:
         kind, delay, error = outcome
         if kind == "fail":

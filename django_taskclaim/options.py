@@ -127,9 +127,8 @@ def _build_static(model: type[models.Model]) -> _Static:
         raise ConfigurationError(f"{_label(model)}.ClaimMeta.statuses maps two states to one value")
     ordering = getattr(meta, "ordering", None)
     if ordering is None:
-        ordering = tuple(
-            o for o, f in (("-priority", "priority"), ("created_at", "created_at")) if f in present
-        ) + ("pk",)
+        defaults = (("-priority", "priority"), ("created_at", "created_at"))
+        ordering = (*(o for o, f in defaults if f in present), "pk")
     else:
         ordering = tuple(ordering)
         for item in ordering:

@@ -44,8 +44,11 @@ class Document(ClaimableModel):
             while time.monotonic() < deadline:
                 time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
         if p.get("ledger"):
+            # The effect and the completion commit together, or not at all.
             with self.fenced():
                 Ledger.objects.create(task_id=self.pk, token=self.version, worker=self.locked_by)
+                self.complete(result=f"processed {self.pk}")
+            return None
         if "raise" in p:
             raise RuntimeError(p["raise"])
         if "fail" in p:
