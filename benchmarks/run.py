@@ -381,6 +381,13 @@ def bench_round_trips(alias: str) -> list[dict[str, Any]]:
     count("complete() (no-op run_task)", 1, lambda: run_task(one))
     many = count("claim(100)", 100, lambda: qs.claim(100))
     count("run_task() x100 (no-op, complete each)", 100, lambda: [run_task(t) for t in many])
+    batch = qs.claim(100)
+    acks: list[Any] = []
+    count(
+        "run_task(defer) x100 + complete_many()",
+        100,
+        lambda: ([run_task(t, defer=acks.append) for t in batch], qs.complete_many(acks)),
+    )
     held = qs.claim(100)
     count("extend_leases(100 tasks) heartbeat", 100, lambda: qs.extend_leases(held))
     count("task.extend_lease() heartbeat", 1, lambda: held[0].extend_lease())
@@ -482,25 +489,18 @@ def pgbench_ceiling(alias: str, pgbench: str, *, clients: int, batch: int, rows:
 
 
 def drain_batched_ack(alias: str, batch: int) -> int:
-    """Prototype of a batched completion: claim ``batch``, run each handler, then ONE
-    fenced UPDATE for all rows that returned normally (``pk`` and token must still match).
-
-    Not a library API (yet): it shows what acknowledging a batch at once would give.
-    """
-    from django.db.models import F, Q
-    from django.db.models.functions import Now
-
+    """Claim ``batch``, run each task with its completion deferred, then acknowledge the
+    batch with ONE fenced UPDATE (``complete_many``): the worker's hot path, in-process."""
     qs = BenchTask.objects.using(alias)
     tasks = qs.claim(batch)
     if not tasks:
         return 0
-    ok = [t for t in tasks if t.process() is None]
-    cond = Q()
-    for t in ok:
-        cond |= Q(pk=t.pk, version=t.version)
-    BenchTask._base_manager.using(alias).filter(cond, status="processing").update(
-        status="done", version=F("version") + 1, locked_until=None, finished_at=Now()
-    )
+    acks: list[Any] = []
+    for t in tasks:
+        run_task(t, defer=acks.append)
+    lost = qs.complete_many(acks)
+    if lost:
+        raise RuntimeError(f"{len(lost)} claims lost in a single-claimer benchmark")
     return len(tasks)
 
 

@@ -32,6 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "REAP_INTERVAL": 30.0,  # seconds between periodic reaps inside workers
     # Worker
     "POLL_INTERVAL": 1.0,  # seconds between polls when no notification arrives
+    "ACK_WINDOW": 0.05,  # seconds a worker may hold completions to write them in one batch
     "HEARTBEAT_INTERVAL": None,  # seconds; None = a third of the lease
     "WORKER_DEAD_AFTER": 60.0,  # a registered worker silent this long is dead
     "NOTIFY": True,  # PostgreSQL: NOTIFY workers when ready rows are committed

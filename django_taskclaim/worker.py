@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import importlib
 import logging
+import math
 import os
 import random
 import signal
@@ -49,7 +50,7 @@ from django.db.models.functions import Now
 
 from .conf import taskclaim_settings
 from .exceptions import ClaimLost, ConfigurationError, Fail, Retry
-from .lifecycle import run_task
+from .lifecycle import complete_many, run_task
 from .options import claimable_models, get_options, resolve_model
 from .querysets import ClaimQuerySet
 from .reaper import ReapResult, reap
@@ -100,6 +101,8 @@ def _positive(value: Any, name: str, kind: type = int, *, allow_zero: bool = Fal
     except (TypeError, ValueError):
         what = "a whole number" if kind is int else "a number"
         raise ConfigurationError(f"{name} must be {what}, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ConfigurationError(f"{name} must be a finite number, got {value!r}")
     if number < 0 or (number == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigurationError(f"{name} must be {bound}, got {value!r}")
@@ -116,6 +119,7 @@ class WorkerConfig:
     batch: int = 1
     lease: float | None = None
     poll: float = 1.0
+    ack_window: float = 0.05
     grace: float = 30.0
     burst: bool = False
     max_tasks: int | None = None
@@ -137,6 +141,7 @@ class WorkerConfig:
         batch: Any = 1,
         lease: Any = None,
         poll: Any = None,
+        ack_window: Any = None,
         grace: Any = 30,
         burst: bool = False,
         max_tasks: Any = None,
@@ -161,6 +166,12 @@ class WorkerConfig:
         lease = _positive(lease, "--lease", float)
         poll = _positive(
             poll if poll is not None else taskclaim_settings.POLL_INTERVAL, "--poll", float
+        )
+        ack_window = _positive(
+            ack_window if ack_window is not None else taskclaim_settings.ACK_WINDOW,
+            "--ack-window",
+            float,
+            allow_zero=True,
         )
         grace = _positive(grace, "--grace", float, allow_zero=True)
         max_tasks = _positive(max_tasks, "--max-tasks")
@@ -229,6 +240,7 @@ class WorkerConfig:
             batch=batch,
             lease=lease,
             poll=poll,
+            ack_window=ack_window,
             grace=grace,
             burst=bool(burst),
             max_tasks=max_tasks,
@@ -301,6 +313,8 @@ class Worker:
         self._lock = threading.Lock()
         self._pending: dict[str, list[Any]] = {}  # thread name -> claimed, not started
         self._running: dict[str, Any] = {}  # thread name -> task being run
+        # thread name -> (first deferral time, tasks run whose completion is not written yet)
+        self._acks: dict[str, tuple[float, list[Any]]] = {}
         self._lost: set[tuple[str, Any, int]] = set()
         self._reserved = 0  # rows claimed so far (for --max-tasks)
         self._processed = 0
@@ -353,7 +367,7 @@ class Worker:
             f"models={','.join(self.labels.values())} strategy={strategies} "
             f"concurrency={self.config.concurrency} batch={self.config.batch} "
             f"lease={self.lease:g}s database={self.using} vendor={conn.vendor} "
-            f"wakeup={wakeup} poll={self.config.poll:g}s "
+            f"wakeup={wakeup} poll={self.config.poll:g}s ack-window={self.config.ack_window:g}s "
             f"reap={'on' if self.config.reap else 'off'}"
             + (" burst" if self.config.burst else "")
             + (f" queue={self.config.queue}" if self.config.queue else "")
@@ -434,6 +448,7 @@ class Worker:
                         )
                 elif grace_deadline is not None and now >= grace_deadline:
                     code = EXIT_GRACE_EXPIRED
+                    self._flush_acks()
                     self._requeue_running()
                     break
             timeout = 1.0
@@ -588,6 +603,7 @@ class Worker:
                     failures = 0
                 self._unreserve(want - len(rows))
                 if not rows:
+                    self._flush_acks(me)
                     if self.config.burst:
                         break
                     self._idle()
@@ -598,6 +614,7 @@ class Worker:
                     self._pending[me] = list(rows)
                 self._run_batch(me, model, rows)
         finally:
+            self._flush_acks(me)
             with self._lock:
                 leftover = self._pending.pop(me, [])
             if leftover:
@@ -629,13 +646,88 @@ class Worker:
                 pending.remove(task)
                 self._running[me] = task
             try:
-                self._run_one(model, task, handler)
+                self._run_one(me, model, task, handler)
             finally:
                 with self._lock:
                     self._running.pop(me, None)
                     self._processed += 1
+            self._flush_acks(me, due_only=True)
 
-    def _run_one(self, model: type[Model], task: Any, handler: Callable[[Any], Any]) -> None:
+    # -- batched acknowledgements -------------------------------------------------------
+    def _defer(self, me: str) -> Callable[[Any], None] | None:
+        """The ``defer`` hook of :func:`run_task`: buffer a completion for one UPDATE."""
+        if not self.config.ack_window:
+            return None
+
+        def defer(task: Any) -> None:
+            with self._lock:
+                since, tasks = self._acks.get(me) or (time.monotonic(), [])
+                tasks.append(task)
+                self._acks[me] = (since, tasks)
+
+        return defer
+
+    def _flush_acks(self, me: str | None = None, *, due_only: bool = False) -> None:
+        """Write buffered completions (``me``'s, or every thread's) in one fenced UPDATE.
+
+        With ``due_only``, only when the oldest waited ``ack_window`` or the buffer is
+        a full claim batch. A database error is retried until the connection is back;
+        the write is fenced and its outcome checked, so a repeat is harmless.
+        """
+        with self._lock:
+            names = [me] if me is not None else list(self._acks)
+            tasks: list[Any] = []
+            for name in names:
+                entry = self._acks.get(name)
+                if not entry:
+                    continue
+                since, buffered = entry
+                if due_only and (
+                    time.monotonic() - since < self.config.ack_window
+                    and len(buffered) < max(self.config.batch, 100)
+                ):
+                    continue
+                del self._acks[name]
+                tasks.extend(buffered)
+        if not tasks:
+            return
+        failures = 0
+        while True:
+            try:
+                lost = complete_many(tasks)
+                break
+            except DatabaseError as exc:
+                failures += 1
+                _close(self.using)
+                log = logger.warning if failures == 1 else logger.debug
+                log(
+                    "database error while recording completions tasks=%s worker=%s error=%s",
+                    len(tasks),
+                    self.worker_id,
+                    _one_line(exc),
+                )
+                if self._halt.wait(self._backoff(failures)):
+                    logger.warning(
+                        "completions not recorded tasks=%s worker=%s (their leases will "
+                        "expire and they will run again)",
+                        len(tasks),
+                        self.worker_id,
+                    )
+                    return
+        for task in tasks:
+            if task not in lost:
+                logger.debug(
+                    "task done task=%s:%s model=%s attempt=%s worker=%s",
+                    type(task)._meta.label,
+                    task.pk,
+                    type(task)._meta.label,
+                    task.attempts,
+                    self.worker_id,
+                )
+
+    def _run_one(
+        self, me: str, model: type[Model], task: Any, handler: Callable[[Any], Any]
+    ) -> None:
         label = self.labels[model]
         attempt = _Attempt()
 
@@ -659,7 +751,7 @@ class Worker:
             self.worker_id,
         )
         try:
-            outcome = run_task(task, wrapped)
+            outcome = run_task(task, wrapped, defer=self._defer(me))
         except DatabaseError as exc:
             outcome = self._settle_after_error(task, attempt, exc)
         except Exception as exc:
@@ -684,6 +776,8 @@ class Worker:
                 task.attempts,
                 self.worker_id,
             )
+        if outcome == "deferred":
+            return  # logged when the completion is written
         log = logger.debug if outcome == "done" else logger.info
         log(
             "task %s task=%s:%s model=%s attempt=%s worker=%s duration=%.3fs",
@@ -843,6 +937,7 @@ class Worker:
         with self._lock:
             tasks = [t for rows in self._pending.values() for t in rows]
             tasks += list(self._running.values())
+            tasks += [t for _since, rows in self._acks.values() for t in rows]
             for t in tasks:
                 snap = SimpleNamespace(pk=t.pk, version=t.version)
                 out.setdefault(type(t), []).append((t, snap))

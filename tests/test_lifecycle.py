@@ -11,7 +11,7 @@ from django.test import override_settings
 
 from django_taskclaim import ClaimLost, Fail, Retry, reap
 from django_taskclaim.lifecycle import run_task
-from tests.testapp.models import Document, Ledger
+from tests.testapp.models import Document, Job, Ledger
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -264,3 +264,74 @@ class _Counter:
     def __call__(self, execute, sql, params, many, context):
         self.statements += 1
         return execute(sql, params, many, context)
+
+
+def test_complete_many_is_one_fenced_update_and_reports_lost_claims():
+    """Batched acknowledgement: one statement; a row whose claim was lost (reaped and
+    re-claimed by another worker) is reported and left to its new holder."""
+    Document.objects.bulk_create([Document(title=str(i)) for i in range(5)])
+    rows = Document.objects.claim(5, worker="w1")
+    victim = rows[2]
+    expire(victim)
+    assert reap(Document).requeued == 1
+    thief = Document.objects.claim_next(worker="w2")
+    assert thief.pk == victim.pk
+    counter = _Counter()
+    with connection.execute_wrapper(counter):
+        lost = Document.objects.complete_many(rows)
+    assert counter.statements == 2  # the UPDATE, then one read to tell who was lost
+    assert [t.pk for t in lost] == [victim.pk]
+    for row in rows:
+        db = fresh(row)
+        if row.pk == victim.pk:
+            assert (db.status, db.locked_by, db.version) == ("processing", "w2", thief.version)
+            assert row.status == "processing"  # the instance is untouched too
+        else:
+            assert (db.status, db.version, db.locked_until) == ("done", row.version, None)
+            assert db.finished_at is not None
+            assert row.status == "done"
+    thief.complete()  # the new holder is unaffected
+    assert fresh(thief).status == "done"
+
+
+def test_complete_many_all_held_is_a_single_statement():
+    Document.objects.bulk_create([Document() for _ in range(3)])
+    rows = Document.objects.claim(3)
+    counter = _Counter()
+    with connection.execute_wrapper(counter):
+        assert Document.objects.complete_many(rows) == []
+    assert counter.statements == 1
+    assert Document.objects.done().count() == 3
+    assert Document.objects.complete_many(rows) == rows  # second time: every token is stale
+
+
+def test_complete_many_refuses_other_models_and_duplicates():
+    Document.objects.create()
+    row = Document.objects.claim_next()
+    with pytest.raises(TypeError, match=r"not a testapp\.Job"):
+        Job.objects.complete_many([row])
+    with pytest.raises(ValueError, match="same row twice"):
+        Document.objects.complete_many([row, row])
+    assert fresh(row).status == "processing"
+
+
+def test_run_task_defers_completion_when_asked():
+    Document.objects.create()
+    row = Document.objects.claim_next()
+    deferred = []
+    assert run_task(row, lambda t: None, defer=deferred.append) == "deferred"
+    assert deferred == [row]
+    assert fresh(row).status == "processing"
+    # a handler returning result fields is completed at once, with them
+    Document.objects.create()
+    other = Document.objects.claim_next()
+    assert run_task(other, lambda t: {"result": "r"}, defer=deferred.append) == "done"
+    assert fresh(other).result == "r"
+    assert deferred == [row]
+
+
+def test_handler_returning_unknown_fields_is_retried_with_a_clear_error():
+    Document.objects.create()
+    row = Document.objects.claim_next()
+    assert run_task(row, lambda t: {"nope": 1}) == "ready"
+    assert "has no field 'nope'" in fresh(row).last_error

@@ -58,6 +58,60 @@ def test_burst_drains_and_exits_zero(procs):
     assert row.in_flight == 0
 
 
+@pytest.mark.skipif(
+    settings.DB_VENDOR != "postgresql",
+    reason="finished_at is the UPDATE's statement timestamp only on PostgreSQL",
+)
+@pytest.mark.parametrize(("window", "batched"), [("10", True), ("0", False)])
+def test_completions_are_written_together_within_the_ack_window(procs, window, batched):
+    """Tasks returning no result fields are acknowledged in one fenced UPDATE per batch:
+    every row it completes shares that statement's timestamp. Window 0: one per task."""
+    Document.objects.bulk_create([Document(title=f"a{i}") for i in range(20)])
+    w = start(
+        procs,
+        "testapp.Document",
+        "--burst",
+        "--batch",
+        "20",
+        "--ack-window",
+        window,
+        claim_meta={"handler": "tests.worker_handlers.process_quietly"},
+    )
+    assert w.wait(60) == 0, w.stderr()
+    assert Document.objects.done().count() == 20
+    stamps = set(Document.objects.values_list("finished_at", flat=True))
+    assert len(stamps) == (1 if batched else 20)
+    assert f"ack-window={window}s" in w.stdout()
+
+
+def test_buffered_completions_are_written_before_a_graceful_exit(procs):
+    """Completions held in the ack window are flushed when the worker stops on SIGTERM."""
+    quick = Document.objects.bulk_create([Document(title=f"q{i}") for i in range(10)])
+    slow = Document.objects.create(title="slow", payload={"sleep": 3})
+    w = start(
+        procs,
+        "testapp.Document",
+        "--ack-window",
+        "600",
+        "--grace",
+        "60",
+        "--no-reap",
+        claim_meta={"handler": "tests.worker_handlers.process_logged_quietly"},
+    )
+    wait_for(
+        lambda: Ledger.objects.filter(task_id=slow.pk).exists(),
+        timeout=60,
+        what="the slow task to start after the quick ones",
+    )
+    assert attempts_started() == 11
+    # the quick ones ran, but their completions wait in the window
+    assert Document.objects.processing().filter(pk__in=[d.pk for d in quick]).count() == 10
+    w.signal(signal.SIGTERM)
+    assert w.wait(60) == 0, w.stderr()
+    assert Document.objects.done().count() == 11
+    assert set(Document.objects.values_list("attempts", flat=True)) == {1}
+
+
 def test_max_tasks_stops_after_that_many(procs):
     Document.objects.bulk_create([Document(title=f"m{i}") for i in range(12)])
     w = start(procs, "testapp.Document", "--max-tasks", "5", "--batch", "3", "--concurrency", "2")

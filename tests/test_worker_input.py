@@ -39,6 +39,8 @@ def docs():
         (["--lease", "0"], "--lease must be > 0"),
         (["--poll", "-1"], "--poll must be > 0"),
         (["--grace", "-5"], "--grace must be >= 0"),
+        (["--ack-window", "-1"], "--ack-window must be >= 0"),
+        (["--ack-window", "nan"], "--ack-window must be a finite number"),
         (["--max-tasks", "0"], "--max-tasks must be > 0"),
         (["--max-runtime", "0"], "--max-runtime must be > 0"),
         (["--database", "elsewhere"], "--database 'elsewhere' is not in settings.DATABASES"),

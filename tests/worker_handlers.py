@@ -29,3 +29,18 @@ def process_atomic(task):
     with task.fenced():
         Ledger.objects.create(task_id=task.pk, token=task.version, worker=task.locked_by)
         task.complete(result=f"processed {task.pk}")
+
+
+def process_quietly(task):
+    """Do nothing and return no result fields: the worker may batch the completion."""
+    return None
+
+
+def process_logged_quietly(task):
+    """Log the attempt, sleep as the payload says, return no result fields."""
+    Ledger.objects.create(task_id=task.pk, token=task.version, worker=ATTEMPT + task.locked_by)
+    seconds = float((task.payload or {}).get("sleep", 0))
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+    return None

@@ -40,6 +40,12 @@ class Command(BaseCommand):
             "--poll", default=None, help="seconds between polls (default TASKCLAIM_POLL_INTERVAL)"
         )
         parser.add_argument(
+            "--ack-window",
+            default=None,
+            help="seconds completions may wait to be written together in one UPDATE "
+            "(default TASKCLAIM_ACK_WINDOW; 0 = write each at once)",
+        )
+        parser.add_argument(
             "--grace", default="30", help="seconds running tasks get to finish on SIGTERM"
         )
         parser.add_argument("--burst", action="store_true", help="drain what is ready, then exit")
@@ -65,6 +71,7 @@ class Command(BaseCommand):
                 batch=options["batch"],
                 lease=options["lease"],
                 poll=options["poll"],
+                ack_window=options["ack_window"],
                 grace=options["grace"],
                 burst=options["burst"],
                 max_tasks=options["max_tasks"],
