@@ -1196,14 +1196,15 @@ def main(argv: list[str] | None = None) -> int:
     sections = args.only or list(SECTIONS)
     aliases = []
     for alias in connections:
-        if args.vendors and vendor(alias) not in args.vendors:
-            continue
+        # Every configured database must exist, measured or not: the worker processes
+        # run Django's system checks, which connect to each of them.
         try:
             ensure_database(alias)
         except Exception as exc:
             log(f"database {alias!r} unavailable: {exc}")
             continue
-        aliases.append(alias)
+        if not args.vendors or vendor(alias) in args.vendors:
+            aliases.append(alias)
     pg = [a for a in aliases if vendor(a) == "postgresql"]
     started = time.monotonic()
     data: dict[str, Any] = {

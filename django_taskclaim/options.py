@@ -127,8 +127,12 @@ def _build_static(model: type[models.Model]) -> _Static:
         raise ConfigurationError(f"{_label(model)}.ClaimMeta.statuses maps two states to one value")
     ordering = getattr(meta, "ordering", None)
     if ordering is None:
+        # No "pk" tie-break by default: the claim index is (priority DESC, created_at),
+        # and an ORDER BY it does not cover makes every claim sort all the rows enqueued
+        # in one transaction (they share created_at). Ties come in index order, which is
+        # insertion order (PostgreSQL: heap order; InnoDB and SQLite append the pk).
         defaults = (("-priority", "priority"), ("created_at", "created_at"))
-        ordering = (*(o for o, f in defaults if f in present), "pk")
+        ordering = tuple(o for o, f in defaults if f in present) or ("pk",)
     else:
         ordering = tuple(ordering)
         for item in ordering:

@@ -36,6 +36,39 @@ def _positive_int(value: Any, name: str) -> int:
     return value
 
 
+def _plain_key(qs: Any, strategy: str) -> tuple[Any, ...] | None:
+    """A cache key for claims on ``qs`` when it has no filters, slicing, ``extra()``,
+    ``distinct()`` or set operation of the caller's: its claim SQL is then the same
+    every time. ``None`` otherwise (the SQL is compiled afresh)."""
+    query = qs.query
+    if (
+        query.has_filters()
+        or query.is_sliced
+        or query.extra
+        or query.distinct
+        or query.combinator
+        or query.select_for_update
+    ):
+        return None
+    return (type(qs), qs.model, qs.db, strategy)
+
+
+_CLAIMABLE: dict[tuple[Any, ...], Any] = {}
+
+
+def _claimable(qs: Any, cache_key: tuple[Any, ...] | None) -> Any:
+    """``qs.claimable()``, built once per ``cache_key``. The strategies only derive new
+    querysets from it (or use its model and database), never evaluate it."""
+    if cache_key is None:
+        return qs.claimable()
+    found = _CLAIMABLE.get(cache_key)
+    if found is None:
+        if len(_CLAIMABLE) >= 512:
+            _CLAIMABLE.clear()
+        found = _CLAIMABLE[cache_key] = qs.claimable()
+    return found
+
+
 if TYPE_CHECKING:
     _QuerySetBase = models.QuerySet[Any]
 else:
@@ -129,9 +162,12 @@ class ClaimQuerySetMixin(_QuerySetBase):
                 "hold row locks meanwhile. Claim outside the block, then use "
                 "task.fenced() for transactional work on the claimed row."
             )
-        qs = self.claimable()
+        cache_key = _plain_key(self, strat.name)
+        qs = _claimable(self, cache_key)
         rows = retry_transient(
-            lambda: strat.claim(qs, n, opts=opts, lease=lease_s, worker=worker),
+            lambda: strat.claim(
+                qs, n, opts=opts, lease=lease_s, worker=worker, cache_key=cache_key
+            ),
             using,
             what=f"claim {opts.label}",
         )

@@ -43,8 +43,17 @@ class Strategy:
         return True
 
     def claim(
-        self, qs: models.QuerySet, n: int, *, opts: ClaimOptions, lease: float, worker: str
+        self,
+        qs: models.QuerySet,
+        n: int,
+        *,
+        opts: ClaimOptions,
+        lease: float,
+        worker: str,
+        cache_key: tuple[Any, ...] | None = None,
     ) -> list[models.Model]:
+        """Claim up to ``n`` rows of ``qs``. ``cache_key`` (set when ``qs`` carries no
+        filters of the caller's) lets a strategy reuse the SQL it compiled before."""
         raise NotImplementedError
 
 
@@ -65,6 +74,7 @@ def claim_updates(opts: ClaimOptions, lease: float, worker: str) -> dict[str, An
 
 
 def _sort(rows: list[models.Model], ordering: tuple[str, ...]) -> list[models.Model]:
+    rows.sort(key=attrgetter("pk"))  # ties in ``ordering`` come back in pk order
     for item in reversed(ordering):
         rows.sort(key=attrgetter(item.lstrip("-")), reverse=item.startswith("-"))
     return rows
@@ -73,6 +83,67 @@ def _sort(rows: list[models.Model], ordering: tuple[str, ...]) -> list[models.Mo
 def _compile(qs: models.QuerySet) -> tuple[str, tuple[Any, ...]]:
     sql, params = qs.query.get_compiler(using=qs.db).as_sql()
     return sql, tuple(params)
+
+
+_COMPILED: dict[tuple[Any, ...], tuple[str, tuple[Any, ...]]] = {}
+_COMPILED_MAX = 512
+
+
+def _compiled_candidates(
+    qs: models.QuerySet, opts: ClaimOptions, limit: int, cache_key: tuple[Any, ...] | None
+) -> tuple[str, tuple[Any, ...]]:
+    """The candidates SELECT compiled by the ORM; kept per ``cache_key`` and ``limit``.
+
+    The SQL of an unfiltered claim depends only on the model, database, strategy and
+    batch size (the clock is ``now()`` in the SQL, not a parameter), so a worker
+    compiles it once instead of on every claim.
+    """
+    if cache_key is None:
+        return _compile(_candidates(qs, opts, limit))
+    key = (*cache_key, limit)
+    hit = _COMPILED.get(key)
+    if hit is None:
+        if len(_COMPILED) >= _COMPILED_MAX:
+            _COMPILED.clear()
+        hit = _COMPILED[key] = _compile(_candidates(qs, opts, limit))
+    return hit
+
+
+_CONVERTERS: dict[tuple[type[models.Model], str], list[tuple[int, list[Any], Any]]] = {}
+
+
+def _row_converters(model: type[models.Model], using: str) -> list[tuple[int, list[Any], Any]]:
+    """Per column, the converters the ORM applies when it reads that field (as
+    ``SQLCompiler.get_converters`` does): JSON decoding, booleans on some backends…"""
+    key = (model, using)
+    found = _CONVERTERS.get(key)
+    if found is None:
+        conn = connections[using]
+        found = []
+        for i, field in enumerate(model._meta.concrete_fields):
+            col = field.get_col(model._meta.db_table)
+            funcs = conn.ops.get_db_converters(col) + col.get_db_converters(conn)
+            if funcs:
+                found.append((i, funcs, col))
+        _CONVERTERS[key] = found
+    return found
+
+
+def _instances(model: type[models.Model], using: str, rows: list[tuple[Any, ...]]) -> list[Any]:
+    """Model instances from rows holding every concrete column in field order."""
+    conn = connections[using]
+    attnames = [f.attname for f in model._meta.concrete_fields]
+    converters = _row_converters(model, using)
+    out = []
+    for row in rows:
+        if converters:
+            values = list(row)
+            for i, funcs, col in converters:
+                for func in funcs:
+                    values[i] = func(values[i], col, conn)
+            row = tuple(values)
+        out.append(model.from_db(using, attnames, row))
+    return out
 
 
 def _pg_update_returning(
@@ -110,15 +181,18 @@ def _pg_update_returning(
     if opts.has("locked_by"):
         sets.append(f"{qn('locked_by')} = %s")
         params.append(worker)
+    returning = ", ".join(f"{table}.{qn(f.column)}" for f in model._meta.concrete_fields)
     sql = (
         f"WITH {qn('taskclaim_c')} AS MATERIALIZED ({candidates_sql}) "
         f"UPDATE {table} SET {', '.join(sets)} FROM {qn('taskclaim_c')} "
         f"WHERE {table}.{pk} = {qn('taskclaim_c')}.{qn('pk')} AND {table}.{status} = %s "
-        f"RETURNING {table}.*"
+        f"RETURNING {returning}"
     )
     params = [*candidates_params, *params, opts.value("ready")]
-    rows = list(model._base_manager.db_manager(qs.db).raw(sql, params))
-    return _sort(rows, opts.ordering)
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        fetched = cursor.fetchall()
+    return _sort(_instances(model, qs.db, fetched), opts.ordering)
 
 
 def _candidates(qs: models.QuerySet, opts: ClaimOptions, limit: int) -> models.QuerySet:
@@ -142,10 +216,10 @@ class SkipLocked(Strategy):
     def _features_ok(self, conn: Any) -> bool:
         return bool(conn.features.has_select_for_update_skip_locked)
 
-    def claim(self, qs, n, *, opts, lease, worker):
+    def claim(self, qs, n, *, opts, lease, worker, cache_key=None):
         conn = connections[qs.db]
         if conn.vendor == "postgresql":
-            sql, params = _compile(_candidates(qs, opts, n))
+            sql, params = _compiled_candidates(qs, opts, n, cache_key)
             lock = conn.ops.for_update_sql(
                 skip_locked=True, of=(conn.ops.quote_name(qs.model._meta.db_table),)
             )
@@ -200,7 +274,7 @@ class CompareAndSet(Strategy):
 
     name = "cas"
 
-    def claim(self, qs, n, *, opts, lease, worker):
+    def claim(self, qs, n, *, opts, lease, worker, cache_key=None):
         conn = connections[qs.db]
         if conn.vendor == "sqlite" and conn.features.can_return_columns_from_insert:
             return self._claim_sqlite(qs, n, opts=opts, lease=lease, worker=worker)
@@ -270,8 +344,8 @@ class Advisory(Strategy):
     name = "advisory"
     vendors = frozenset({"postgresql"})
 
-    def claim(self, qs, n, *, opts, lease, worker):
-        sql, params = _compile(_candidates(qs, opts, max(n * 4, n + 8)))
+    def claim(self, qs, n, *, opts, lease, worker, cache_key=None):
+        sql, params = _compiled_candidates(qs, opts, max(n * 4, n + 8), cache_key)
         candidates = (
             f"SELECT c.pk FROM ({sql}) c(pk) "
             f"WHERE pg_try_advisory_xact_lock(%s, hashtext(c.pk::text)) LIMIT {int(n)}"
@@ -295,11 +369,11 @@ class Serializable(Strategy):
     name = "serializable"
     vendors = frozenset({"postgresql"})
 
-    def claim(self, qs, n, *, opts, lease, worker):
+    def claim(self, qs, n, *, opts, lease, worker, cache_key=None):
         with transaction.atomic(using=qs.db):
             with connections[qs.db].cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
-            sql, params = _compile(_candidates(qs, opts, n))
+            sql, params = _compiled_candidates(qs, opts, n, cache_key)
             return _pg_update_returning(qs, sql, params, opts=opts, lease=lease, worker=worker)
 
 
@@ -316,8 +390,10 @@ class Hold(Strategy):
     vendors = frozenset({"postgresql"})
     needs_caller_atomic = True
 
-    def claim(self, qs, n, *, opts, lease, worker):
-        return SkipLocked().claim(qs, n, opts=opts, lease=lease, worker=worker)
+    def claim(self, qs, n, *, opts, lease, worker, cache_key=None):
+        return SkipLocked().claim(
+            qs, n, opts=opts, lease=lease, worker=worker, cache_key=cache_key
+        )
 
 
 STRATEGIES: dict[str, Strategy] = {

@@ -226,3 +226,29 @@ def test_sqlite_claim_is_one_statement():
     assert len(rows) == 10
     assert len(q.captured_queries) == 1
     assert q.captured_queries[0]["sql"].startswith("UPDATE")
+
+
+@pytest.mark.parametrize("strategy", ALL)
+def test_reused_claim_sql_never_leaks_between_filtered_and_plain_claims(strategy):
+    """The SQL of unfiltered claims is compiled once and reused; a filtered claim after
+    (or before) one never picks it up, and rows come back fully loaded each time."""
+    supported(strategy)
+    Document.objects.bulk_create(
+        [Document(title=f"p{i}", kind="report", payload={"n": i}) for i in range(4)]
+    )
+    Document.objects.create(title="inv", kind="invoice", payload={"n": 99})
+    assert [r.title for r in claim(Document.objects.filter(kind="invoice"), 2, strategy)] == [
+        "inv"
+    ]
+    first = claim(Document.objects, 2, strategy)
+    assert [r.title for r in first] == ["p0", "p1"]
+    assert claim(Document.objects.filter(kind="invoice"), 2, strategy) == []
+    again = claim(Document.objects.all(), 2, strategy)
+    assert [r.title for r in again] == ["p2", "p3"]
+    row = again[0]
+    assert row.payload == {"n": 2}  # JSON decoded as the ORM would
+    assert row.created_at.tzinfo is not None
+    assert row._state.adding is False
+    assert row._state.db == "default"
+    row.complete(result="ok")  # a normal, fenced instance
+    assert Document.objects.get(pk=row.pk).result == "ok"
