@@ -161,14 +161,22 @@ def _complete_chunk(model: type[models.Model], using: str, tasks: list[Any]) -> 
     if len(tokens) != len(tasks):
         raise ValueError("complete_many() got the same row twice")
     base = model._base_manager.using(using)
-    target = (
-        base.filter(pk__in=list(tokens))
-        .filter(_tokens_match(model, using, tokens))
-        .filter(opts.status_q("processing"))
-    )
-    hit = retry_transient(
-        lambda: target.update(**values), using, what=f"complete {len(tasks)} {opts.label}"
-    )
+    if connections[using].vendor == "postgresql":
+        from .strategies import pg_complete_many
+
+        def write() -> int:
+            return pg_complete_many(model, using, opts, tokens)
+    else:
+        target = (
+            base.filter(pk__in=list(tokens))
+            .filter(_tokens_match(model, using, tokens))
+            .filter(opts.status_q("processing"))
+        )
+
+        def write() -> int:
+            return target.update(**values)
+
+    hit = retry_transient(write, using, what=f"complete {len(tasks)} {opts.label}")
     if hit == len(tasks):
         won = tasks
     else:

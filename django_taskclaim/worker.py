@@ -311,7 +311,9 @@ class Worker:
         self.worker_id = config.worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self.labels = {m: m._meta.label for m in config.models}
         self._lock = threading.Lock()
-        self._pending: dict[str, list[Any]] = {}  # thread name -> claimed, not started
+        # thread name -> {id(task): task} claimed, not started (identity, not Model.__eq__:
+        # membership tests stay O(1) however large the batch)
+        self._pending: dict[str, dict[int, Any]] = {}
         self._running: dict[str, Any] = {}  # thread name -> task being run
         # thread name -> (first deferral time, tasks run whose completion is not written yet)
         self._acks: dict[str, tuple[float, list[Any]]] = {}
@@ -611,12 +613,12 @@ class Worker:
                 if len(rows) == want and want == self.config.batch:
                     self._wake.wake(1)  # more may be waiting: let an idle sibling look
                 with self._lock:
-                    self._pending[me] = list(rows)
+                    self._pending[me] = {id(r): r for r in rows}
                 self._run_batch(me, model, rows)
         finally:
             self._flush_acks(me)
             with self._lock:
-                leftover = self._pending.pop(me, [])
+                leftover = list(self._pending.pop(me, {}).values())
             if leftover:
                 self._release(leftover)
             connections.close_all()  # this thread's connections only
@@ -638,12 +640,12 @@ class Worker:
         handler = self.config.handlers[model]
         for task in rows:
             with self._lock:
-                pending = self._pending.get(me, [])
-                if task not in pending:
+                pending = self._pending.get(me, {})
+                if id(task) not in pending:
                     continue  # released at shutdown, or found lost by the heartbeat
                 if self._stopping.is_set():
                     return  # the rest stays pending: released by the main thread or below
-                pending.remove(task)
+                del pending[id(task)]
                 self._running[me] = task
             try:
                 self._run_one(me, model, task, handler)
@@ -891,7 +893,7 @@ class Worker:
 
     def _release_unstarted(self) -> None:
         with self._lock:
-            tasks = [t for rows in self._pending.values() for t in rows]
+            tasks = [t for rows in self._pending.values() for t in rows.values()]
             for rows in self._pending.values():
                 rows.clear()
         if tasks:
@@ -935,7 +937,7 @@ class Worker:
     def _held(self) -> dict[type[Model], list[tuple[Any, SimpleNamespace]]]:
         out: dict[type[Model], list[tuple[Any, SimpleNamespace]]] = {}
         with self._lock:
-            tasks = [t for rows in self._pending.values() for t in rows]
+            tasks = [t for rows in self._pending.values() for t in rows.values()]
             tasks += list(self._running.values())
             tasks += [t for _since, rows in self._acks.values() for t in rows]
             for t in tasks:
@@ -984,8 +986,8 @@ class Worker:
                     continue
                 self._lost.add((label, task.pk, task.version))
                 for rows in self._pending.values():
-                    if task in rows:
-                        rows.remove(task)
+                    if id(task) in rows:
+                        del rows[id(task)]
                         logger.warning(
                             "claim lost before start task=%s:%s model=%s worker=%s: skipped",
                             label,

@@ -335,3 +335,14 @@ def test_handler_returning_unknown_fields_is_retried_with_a_clear_error():
     row = Document.objects.claim_next()
     assert run_task(row, lambda t: {"nope": 1}) == "ready"
     assert "has no field 'nope'" in fresh(row).last_error
+
+
+def test_complete_many_on_a_mapped_integer_status_table():
+    """The seeds' table: integer statuses, its own timestamps, no finished_at."""
+    Job.objects.bulk_create([Job(name=f"j{i}") for i in range(3)])
+    rows = Job.objects.claim(3)
+    assert Job.objects.complete_many(rows[:2]) == []
+    assert sorted(Job.objects.values_list("status", flat=True)) == [Job.SUCCESS] * 2 + [
+        Job.PENDING
+    ]
+    assert all(r.status == Job.SUCCESS for r in rows[:2])
