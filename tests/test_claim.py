@@ -237,9 +237,7 @@ def test_reused_claim_sql_never_leaks_between_filtered_and_plain_claims(strategy
         [Document(title=f"p{i}", kind="report", payload={"n": i}) for i in range(4)]
     )
     Document.objects.create(title="inv", kind="invoice", payload={"n": 99})
-    assert [r.title for r in claim(Document.objects.filter(kind="invoice"), 2, strategy)] == [
-        "inv"
-    ]
+    assert [r.title for r in claim(Document.objects.filter(kind="invoice"), 2, strategy)] == ["inv"]
     first = claim(Document.objects, 2, strategy)
     assert [r.title for r in first] == ["p0", "p1"]
     assert claim(Document.objects.filter(kind="invoice"), 2, strategy) == []

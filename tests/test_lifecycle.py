@@ -342,7 +342,5 @@ def test_complete_many_on_a_mapped_integer_status_table():
     Job.objects.bulk_create([Job(name=f"j{i}") for i in range(3)])
     rows = Job.objects.claim(3)
     assert Job.objects.complete_many(rows[:2]) == []
-    assert sorted(Job.objects.values_list("status", flat=True)) == [Job.SUCCESS] * 2 + [
-        Job.PENDING
-    ]
+    assert sorted(Job.objects.values_list("status", flat=True)) == [Job.SUCCESS] * 2 + [Job.PENDING]
     assert all(r.status == Job.SUCCESS for r in rows[:2])
