@@ -83,6 +83,8 @@ def check_models(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
             opts = get_options(model)
             opts.lease  # noqa: B018 - validates the live options
             opts.max_attempts  # noqa: B018
+            opts.retry_jitter  # noqa: B018
+            opts.backoff(1)
             strategy = opts.strategy
         except TaskClaimError as exc:
             errors.append(checks.Error(str(exc), obj=model, id="taskclaim.E002"))

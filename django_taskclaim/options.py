@@ -245,6 +245,16 @@ class ClaimOptions:
     def notify(self) -> bool:
         return bool(self._get("notify"))
 
+    @property
+    def retry_jitter(self) -> float:
+        """The ± fraction of random spread on retry delays, between 0 and 1."""
+        value = self._get("retry_jitter")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+            raise ConfigurationError(
+                f"{self.label} retry_jitter must be a number from 0 to 1, got {value!r}"
+            )
+        return float(value)
+
     def backoff(self, attempts: int) -> float:
         """Seconds to wait before the next attempt after ``attempts`` claims.
 
@@ -255,7 +265,7 @@ class ClaimOptions:
         cap = _seconds(
             self._get("retry_backoff_max"), f"{self.label} retry_backoff_max", allow_zero=True
         )
-        jitter = float(self._get("retry_jitter"))
+        jitter = self.retry_jitter
         delay = min(cap, base * (2 ** max(0, attempts - 1)))
         if jitter:
             delay *= 1 + random.uniform(-jitter, jitter)

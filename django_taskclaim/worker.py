@@ -322,6 +322,7 @@ class Worker:
         self._processed = 0
         self._stopping = threading.Event()  # no new claims
         self._halt = threading.Event()  # helper threads end
+        self._beat_wake = threading.Event()  # the heartbeat thread re-reads its deadlines
         self._main_wake = threading.Event()
         self._wake = _Wakeup(config.concurrency)
         self._poll_lock = threading.Lock()
@@ -459,6 +460,7 @@ class Worker:
             self._main_wake.wait(timeout)
             self._main_wake.clear()
         self._halt.set()
+        self._beat_wake.set()
         self._wake.wake_all()
         if self._listener is not None:
             self._listener.stop()
@@ -663,9 +665,11 @@ class Worker:
 
         def defer(task: Any) -> None:
             with self._lock:
-                since, tasks = self._acks.get(me) or (time.monotonic(), [])
-                tasks.append(task)
-                self._acks[me] = (since, tasks)
+                entry = self._acks.get(me)
+                if entry is None:
+                    entry = self._acks[me] = (time.monotonic(), [])
+                    self._beat_wake.set()  # a new deadline for the heartbeat thread
+                entry[1].append(task)
 
         return defer
 
@@ -946,22 +950,45 @@ class Worker:
         return out
 
     def _heartbeat_loop(self) -> None:
+        """Extend leases every ``heartbeat_interval``; in between, write buffered
+        completions as each buffer's ``ack_window`` runs out (so the window is a bound
+        even while the thread that buffered them runs a long task)."""
         failures = 0
         interval = self.heartbeat_interval
-        while not self._halt.wait(interval if not failures else min(interval, 1.0)):
+        next_beat = time.monotonic() + interval
+        while not self._halt.is_set():
+            due = self._acks_due_at()
+            wake_at = next_beat if due is None else min(next_beat, due)
+            self._beat_wake.wait(max(0.0, wake_at - time.monotonic()))
+            self._beat_wake.clear()
+            if self._halt.is_set():
+                break
+            if due is not None and time.monotonic() >= due:
+                self._flush_acks(due_only=True)
+            if time.monotonic() < next_beat:
+                continue
             try:
                 self._heartbeat()
                 if failures:
                     logger.info("heartbeat resumed worker=%s", self.worker_id)
                 failures = 0
+                next_beat = time.monotonic() + interval
             except DatabaseError as exc:
                 failures += 1
                 log = logger.warning if failures == 1 else logger.debug
                 log("heartbeat failed worker=%s error=%s", self.worker_id, _one_line(exc))
                 _close(self.using)
                 _close(self.registry_db)
+                next_beat = time.monotonic() + min(interval, 1.0)
         _close(self.using)
         _close(self.registry_db)
+
+    def _acks_due_at(self) -> float | None:
+        """When the oldest buffered completion's window ends (monotonic), or None."""
+        with self._lock:
+            if not self._acks:
+                return None
+            return min(since for since, _tasks in self._acks.values()) + self.config.ack_window
 
     def _heartbeat(self) -> None:
         for model, held in self._held().items():

@@ -3,7 +3,7 @@
 Waits for the ``--go`` file (a cross-process barrier), then claims until no claimable
 row is left, appending one JSON line per claimed row to ``--out``:
 ``{"pk": .., "token": .., "n": asked, "got": returned}``. ``--recipe`` runs one of the
-seeds' broken recipes instead of a library strategy.
+well-known broken recipes instead of a library strategy.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def main() -> int:
 
 
 def naive_lock_table(model, n, me):
-    """Seeds' write skew: plain SELECT at READ COMMITTED, then INSERT a lock row of ids."""
+    """Write skew: plain SELECT at READ COMMITTED, then INSERT a lock row of ids."""
     from django.db import transaction
 
     from tests.testapp.models import NaiveLock
@@ -102,7 +102,7 @@ def naive_lock_table(model, n, me):
 
 
 def for_update_unconditional(model, n, me):
-    """Seeds' bug: candidates by plain SELECT, then SELECT … FOR UPDATE by id and an
+    """A common bug: candidates by plain SELECT, then SELECT … FOR UPDATE by id and an
     unconditional status UPDATE (no re-check once the lock is granted)."""
     from django.db import transaction
 

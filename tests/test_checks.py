@@ -58,6 +58,13 @@ def test_bad_max_attempts_setting():
     assert any("max_attempts" in m.msg for m in check_models() if m.id == "taskclaim.E002")
 
 
+@pytest.mark.parametrize("jitter", [1.5, -0.1, "lots"])
+def test_bad_retry_jitter_setting(jitter):
+    with override_settings(TASKCLAIM_RETRY_JITTER=jitter):
+        msgs = [m.msg for m in check_models() if m.id == "taskclaim.E002"]
+    assert any("retry_jitter must be a number from 0 to 1" in m for m in msgs)
+
+
 @pytest.mark.django_db
 def test_unsupported_strategy_for_vendor():
     from django.db import connection

@@ -338,7 +338,7 @@ def test_handler_returning_unknown_fields_is_retried_with_a_clear_error():
 
 
 def test_complete_many_on_a_mapped_integer_status_table():
-    """The seeds' table: integer statuses, its own timestamps, no finished_at."""
+    """A legacy table: integer statuses, its own timestamps, no finished_at."""
     Job.objects.bulk_create([Job(name=f"j{i}") for i in range(3)])
     rows = Job.objects.claim(3)
     assert Job.objects.complete_many(rows[:2]) == []

@@ -87,7 +87,7 @@ def test_session_scope_advisory_locks_are_refused(bouncer):
 
 
 def test_a_raw_session_lock_does_not_exclude_through_transaction_pooling(bouncer):
-    """The seeds' warning, executable: two clients both "hold" one session lock."""
+    """The classic pooler pitfall, executable: two clients both "hold" one session lock."""
     port, name, single = bouncer
     a, b = through(port, single), through(port, single)
     try:

@@ -1,6 +1,6 @@
 """ONE HOLDER: many OS processes claim concurrently; every row is claimed exactly once.
 
-The same harness runs the seeds' two broken recipes and shows their double claims, so
+The same harness runs two well-known broken recipes and shows their double claims, so
 the harness itself is proven able to fail.
 """
 
@@ -90,7 +90,7 @@ def test_every_row_claimed_exactly_once(tmp_path, strategy):
 
 @pytest.mark.django_db(transaction=True)
 def test_integer_status_table_one_holder(tmp_path):
-    """The seeds' MySQL table (NEW=1, PENDING=2, …) under the default strategy."""
+    """A legacy MySQL job table (NEW=1, PENDING=2, …) under the default strategy."""
     Job.objects.bulk_create([Job(name=str(i)) for i in range(2000)], batch_size=1000)
     claims, _ = run_claimers(tmp_path, model="Job")
     counts = Counter(c["pk"] for c in claims)
@@ -102,7 +102,7 @@ def test_integer_status_table_one_holder(tmp_path):
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("recipe", ["naive_lock_table", "for_update_unconditional"])
 def test_broken_recipes_double_claim(tmp_path, recipe):
-    """The harness can fail: the seeds' broken recipes hand rows to two claimers."""
+    """The harness can fail: the well-known broken recipes hand rows to two claimers."""
     if connection.vendor != "postgresql":
         pytest.skip("the double claims are demonstrated on PostgreSQL")
     Document.objects.bulk_create([Document(title=str(i)) for i in range(1000)])

@@ -112,6 +112,32 @@ def test_buffered_completions_are_written_before_a_graceful_exit(procs):
     assert set(Document.objects.values_list("attempts", flat=True)) == {1}
 
 
+def test_ack_window_bounds_the_wait_even_while_a_long_task_runs(procs):
+    """A completion buffered before a long task is written when its window ends, not
+    after the long task: the heartbeat thread flushes it."""
+    quick = Document.objects.create(title="quick")
+    slow = Document.objects.create(title="slow", payload={"sleep": 30})
+    start(
+        procs,
+        "testapp.Document",
+        "--ack-window",
+        "0.2",
+        "--no-reap",
+        claim_meta={"handler": "tests.worker_handlers.process_logged_quietly"},
+    )
+    wait_for(
+        lambda: Ledger.objects.filter(task_id=slow.pk).exists(),
+        timeout=60,
+        what="the slow task to start",
+    )
+    wait_for(
+        lambda: Document.objects.done().filter(pk=quick.pk).exists(),
+        timeout=10,
+        what="the quick task's completion while the slow one runs",
+    )
+    assert Document.objects.processing().filter(pk=slow.pk).exists()
+
+
 def test_max_tasks_stops_after_that_many(procs):
     Document.objects.bulk_create([Document(title=f"m{i}") for i in range(12)])
     w = start(procs, "testapp.Document", "--max-tasks", "5", "--batch", "3", "--concurrency", "2")

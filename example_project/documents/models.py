@@ -1,4 +1,4 @@
-"""The seeds' case: documents processed by several workers, and a legacy job table.
+"""The demo's case: documents processed by several workers, and a legacy job table.
 
 ``Document`` is the one-line path (``ClaimableModel``). ``ParserJob`` is an existing table
 whose integer status column (NEW=1, PENDING=2, SUCCESS=0, FAILED=3) is mapped by

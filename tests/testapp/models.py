@@ -59,7 +59,7 @@ class Document(ClaimableModel):
 
 
 class Job(ClaimFieldsMixin, ErrorFieldMixin, ClaimableMixin, models.Model):
-    """The seeds' MySQL table: integer statuses NEW=1, PENDING=2, SUCCESS=0, FAILED=3."""
+    """A legacy MySQL job table: integer statuses NEW=1, PENDING=2, SUCCESS=0, FAILED=3."""
 
     NEW, PENDING, SUCCESS, FAILED = 1, 2, 0, 3
     name = models.CharField(max_length=100, blank=True, default="")
@@ -88,7 +88,7 @@ class Ledger(models.Model):
 
 
 class NaiveLock(models.Model):
-    """The seeds' broken lock table: one row holding the ids a consumer took."""
+    """A broken lock table: one row holding the ids a consumer took."""
 
     owner = models.CharField(max_length=100)
     ids = models.JSONField(default=list)
