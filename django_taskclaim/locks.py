@@ -161,6 +161,8 @@ def _validate_lease_key(key: Any) -> str:
 class _LeaseSQL:
     """The three lease statements for one database vendor (one place per vendor)."""
 
+    NOW = ""  # the vendor's SQL for the database clock
+
     def __init__(self, using: str) -> None:
         from .models import Lease
 
@@ -189,7 +191,12 @@ class _LeaseSQL:
         raise NotImplementedError
 
     def release(self, key: str, owner: str, token: int) -> bool:
-        raise NotImplementedError
+        """End the lease now (never extend it); PostgreSQL and MySQL share this one."""
+        sql = (
+            f"UPDATE {self.t} SET {self.until} = LEAST({self.until}, {self.NOW}) "
+            f"WHERE {self.key} = %s AND {self.owner} = %s AND {self.token} = %s"
+        )
+        return bool(self._run(sql, (key, owner, token), rows=False) == 1)
 
 
 class _PostgresLeaseSQL(_LeaseSQL):
@@ -214,13 +221,6 @@ class _PostgresLeaseSQL(_LeaseSQL):
             f"WHERE {self.key} = %s AND {self.owner} = %s AND {self.token} = %s"
         )
         return bool(self._run(sql, (ttl, key, owner, token), rows=False) == 1)
-
-    def release(self, key: str, owner: str, token: int) -> bool:
-        sql = (
-            f"UPDATE {self.t} SET {self.until} = LEAST({self.until}, {self.NOW}) "
-            f"WHERE {self.key} = %s AND {self.owner} = %s AND {self.token} = %s"
-        )
-        return bool(self._run(sql, (key, owner, token), rows=False) == 1)
 
 
 class _MySQLLeaseSQL(_LeaseSQL):
@@ -269,13 +269,8 @@ class _MySQLLeaseSQL(_LeaseSQL):
         params = (round(ttl * 1_000_000), key, owner, token)
         return bool(self._run(sql, params, rows=False) == 1)
 
-    def release(self, key: str, owner: str, token: int) -> bool:
-        # Django connects with CLIENT_FOUND_ROWS: rowcount counts matched rows.
-        sql = (
-            f"UPDATE {self.t} SET {self.until} = LEAST({self.until}, {self.NOW}) "
-            f"WHERE {self.key} = %s AND {self.owner} = %s AND {self.token} = %s"
-        )
-        return bool(self._run(sql, (key, owner, token), rows=False) == 1)
+    # release(): the base class's UPDATE; Django connects to MySQL with CLIENT_FOUND_ROWS,
+    # so its rowcount counts matched rows there too.
 
 
 class _SQLiteLeaseSQL(_LeaseSQL):

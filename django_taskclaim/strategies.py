@@ -243,8 +243,19 @@ def pg_complete_many(
         return int(cursor.rowcount)
 
 
+def claim_order(opts: ClaimOptions, using: str) -> tuple[str, ...]:
+    """The ORDER BY of a claim: ``ClaimMeta.ordering``, plus ``pk`` as the last tie-break
+    where that costs nothing (InnoDB and SQLite append the primary key to every index
+    entry). Not on PostgreSQL, whose claim index does not hold the pk: there, ties come
+    in index order (heap order, i.e. insertion order for rows inserted together)."""
+    ordering = opts.ordering
+    if connections[using].vendor != "postgresql" and "pk" not in {o.lstrip("-") for o in ordering}:
+        ordering = (*ordering, "pk")
+    return ordering
+
+
 def _candidates(qs: models.QuerySet, opts: ClaimOptions, limit: int) -> models.QuerySet:
-    return qs.order_by(*opts.ordering).values("pk")[:limit]
+    return qs.order_by(*claim_order(opts, qs.db)).values("pk")[:limit]
 
 
 # -- strategies -----------------------------------------------------------------------
@@ -281,7 +292,7 @@ class SkipLocked(Strategy):
         of = ("self",) if conn.features.has_select_for_update_of else ()
         with transaction.atomic(using=qs.db):
             rows = list(
-                qs.order_by(*opts.ordering)
+                qs.order_by(*claim_order(opts, qs.db))
                 .select_for_update(skip_locked=True, of=of)
                 .annotate(_taskclaim_now=Now())[:n]
             )
@@ -352,7 +363,9 @@ class CompareAndSet(Strategy):
         won: list[Any] = []
         for _round in range(8):
             candidates = list(
-                qs.exclude(pk__in=won).order_by(*opts.ordering).values_list("pk", "version")[:k]
+                qs.exclude(pk__in=won)
+                .order_by(*claim_order(opts, qs.db))
+                .values_list("pk", "version")[:k]
             )
             if not candidates:
                 break
