@@ -84,18 +84,14 @@ def test_completions_are_written_together_within_the_ack_window(procs, window, b
     assert f"ack-window={window}s" in w.stdout()
 
 
-def test_buffered_completions_are_written_before_a_graceful_exit(procs):
-    """Completions held in the ack window are flushed when the worker stops on SIGTERM."""
-    quick = Document.objects.bulk_create([Document(title=f"q{i}") for i in range(10)])
-    slow = Document.objects.create(title="slow", payload={"sleep": 3})
+def start_quiet_until_started(procs, slow, *args) -> WorkerProc:
+    """A worker whose handler logs each attempt and returns no result fields; returns
+    once it has started ``slow`` (so every task enqueued before it has run)."""
     w = start(
         procs,
         "testapp.Document",
-        "--ack-window",
-        "600",
-        "--grace",
-        "60",
         "--no-reap",
+        *args,
         claim_meta={"handler": "tests.worker_handlers.process_logged_quietly"},
     )
     wait_for(
@@ -103,6 +99,14 @@ def test_buffered_completions_are_written_before_a_graceful_exit(procs):
         timeout=60,
         what="the slow task to start after the quick ones",
     )
+    return w
+
+
+def test_buffered_completions_are_written_before_a_graceful_exit(procs):
+    """Completions held in the ack window are flushed when the worker stops on SIGTERM."""
+    quick = Document.objects.bulk_create([Document(title=f"q{i}") for i in range(10)])
+    slow = Document.objects.create(title="slow", payload={"sleep": 3})
+    w = start_quiet_until_started(procs, slow, "--ack-window", "600", "--grace", "60")
     assert attempts_started() == 11
     # the quick ones ran, but their completions wait in the window
     assert Document.objects.processing().filter(pk__in=[d.pk for d in quick]).count() == 10
@@ -117,19 +121,7 @@ def test_ack_window_bounds_the_wait_even_while_a_long_task_runs(procs):
     after the long task: the heartbeat thread flushes it."""
     quick = Document.objects.create(title="quick")
     slow = Document.objects.create(title="slow", payload={"sleep": 30})
-    start(
-        procs,
-        "testapp.Document",
-        "--ack-window",
-        "0.2",
-        "--no-reap",
-        claim_meta={"handler": "tests.worker_handlers.process_logged_quietly"},
-    )
-    wait_for(
-        lambda: Ledger.objects.filter(task_id=slow.pk).exists(),
-        timeout=60,
-        what="the slow task to start",
-    )
+    start_quiet_until_started(procs, slow, "--ack-window", "0.2")
     wait_for(
         lambda: Document.objects.done().filter(pk=quick.pk).exists(),
         timeout=10,
