@@ -21,7 +21,9 @@ from .conf import taskclaim_settings
 PGBOUNCER_DEFAULT_PORT = 6432
 
 
-@checks.register(checks.Tags.database, checks.Tags.compatibility)
+# Not tagged ``database``: the check reads settings only, and ``database`` checks run
+# only with ``manage.py check --database``, never under runserver or a plain ``check``.
+@checks.register(checks.Tags.compatibility)
 def check_pooler(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Warn where the declared pooler mode and the database settings disagree."""
     return pooler_messages(settings.DATABASES, taskclaim_settings.POOLER_MODE)

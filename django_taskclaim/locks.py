@@ -28,7 +28,7 @@ from typing import Any, Literal, TypeVar, cast
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router, transaction
 
 from .conf import taskclaim_settings
-from .db import default_worker_id, in_user_atomic, retry_transient
+from .db import NOW_SQL, default_worker_id, in_user_atomic, retry_transient
 from .exceptions import ConfigurationError, LockNotAcquired, TaskClaimError
 
 logger = logging.getLogger("django_taskclaim.locks")
@@ -133,6 +133,13 @@ def _dotted_path(func: Callable[..., Any]) -> str:
     return f"{func.__module__}.{func.__qualname__}"
 
 
+#: Shortest and longest lease a :class:`LeaseLock` takes (a shorter one would end before
+#: its own statement returned; a longer one is a typo that would wedge the key for ages).
+MIN_TTL, MAX_TTL = 0.05, 30 * 24 * 3600.0
+#: Shortest auto-renewal interval (anything shorter is a busy loop on the database).
+MIN_RENEW_EVERY = 0.01
+
+
 def _validate_ttl(ttl: Any) -> float:
     if ttl is None:
         ttl = taskclaim_settings.LEASE
@@ -140,9 +147,19 @@ def _validate_ttl(ttl: Any) -> float:
         ttl = ttl.total_seconds()
     if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0:
         raise LockUsageError(f"ttl must be a positive number of seconds, got {ttl!r}")
-    if not math.isfinite(ttl):
-        raise LockUsageError("ttl must be finite")
+    if not math.isfinite(ttl) or not MIN_TTL <= ttl <= MAX_TTL:
+        raise LockUsageError(f"ttl must be from {MIN_TTL:g} to {MAX_TTL:g} seconds, got {ttl!r}")
     return float(ttl)
+
+
+def safety_margin(ttl: float) -> float:
+    """How long before ``ttl`` (counted from the *send* of the statement that took or
+    renewed the lease) a holder considers its lease over: 10 % of the ttl, at most 1 s.
+
+    The database wrote the lease's end after it received the statement, so the lease
+    ends no earlier than send + ttl; the margin covers the rate difference of two
+    clocks over one ttl, and the time to act on :attr:`LeaseLock.held`."""
+    return min(1.0, ttl * 0.1)
 
 
 def _validate_lease_key(key: Any) -> str:
@@ -152,7 +169,15 @@ def _validate_lease_key(key: Any) -> str:
         raise LockUsageError("a lock key must not be empty")
     if len(key) > MAX_LEASE_KEY:
         raise LockUsageError(f"a lease key has at most {MAX_LEASE_KEY} characters")
+    if "\x00" in key:
+        raise LockUsageError("a lease key cannot contain a NUL character")
     return key
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise LockUsageError(f"{name} is True or False, got {value!r}")
+    return value
 
 
 # --------------------------------------------------------------------- lease SQL
@@ -190,6 +215,14 @@ class _LeaseSQL:
     def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
         raise NotImplementedError
 
+    def verify(self, key: str, owner: str, token: int) -> bool:
+        """Whether (key, owner, token) holds a lease that has not ended."""
+        sql = (
+            f"SELECT 1 FROM {self.t} WHERE {self.key} = %s AND {self.owner} = %s "
+            f"AND {self.token} = %s AND {self.until} > {self.NOW}"
+        )
+        return bool(self._run(sql, (key, owner, token), rows=True))
+
     def release(self, key: str, owner: str, token: int) -> bool:
         """End the lease now (never extend it); PostgreSQL and MySQL share this one."""
         sql = (
@@ -200,7 +233,9 @@ class _LeaseSQL:
 
 
 class _PostgresLeaseSQL(_LeaseSQL):
-    NOW = "statement_timestamp()"
+    # clock_timestamp(), not statement_timestamp(): a statement that waited on the row's
+    # lock must count the lease from when it writes, and judge expiry at that moment.
+    NOW = "clock_timestamp()"
 
     def acquire(self, key: str, owner: str, ttl: float) -> int | None:
         t, n = self.t, self.NOW
@@ -232,7 +267,7 @@ class _MySQLLeaseSQL(_LeaseSQL):
     right, so ``locked_until`` (the condition) is assigned last.
     """
 
-    NOW = "CURRENT_TIMESTAMP(6)"
+    NOW = NOW_SQL["mysql"]  # UTC: zone-proof whatever time_zone a session set
 
     def acquire(self, key: str, owner: str, ttl: float) -> int | None:
         t = self.t
@@ -246,9 +281,11 @@ class _MySQLLeaseSQL(_LeaseSQL):
             f"{self.acq} = IF({cond}, VALUES({self.acq}), {self.acq}), "
             f"{self.until} = IF({cond}, VALUES({self.until}), {self.until})"
         )
+        # MySQL's clock is fixed at the statement's start, and the upsert may have waited
+        # on the row's lock: the read-back only counts a lease still in the future.
         readback = (
             f"SELECT {self.token} FROM {t} WHERE {self.key} = %s AND {self.owner} = %s "
-            f"AND {self.acq} = @taskclaim_lease_now"
+            f"AND {self.acq} = @taskclaim_lease_now AND {self.until} > {self.NOW}"
         )
 
         def go() -> Any:
@@ -262,12 +299,24 @@ class _MySQLLeaseSQL(_LeaseSQL):
         return int(rows[0][0]) if rows else None
 
     def renew(self, key: str, owner: str, token: int, ttl: float) -> bool:
-        sql = (
+        update = (
             f"UPDATE {self.t} SET {self.until} = {self.NOW} + INTERVAL %s MICROSECOND "
             f"WHERE {self.key} = %s AND {self.owner} = %s AND {self.token} = %s"
         )
-        params = (round(ttl * 1_000_000), key, owner, token)
-        return bool(self._run(sql, params, rows=False) == 1)
+        check = (
+            f"SELECT 1 FROM {self.t} WHERE {self.key} = %s AND {self.owner} = %s "
+            f"AND {self.token} = %s AND {self.until} > {self.NOW}"
+        )
+
+        def go() -> bool:
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(update, (round(ttl * 1_000_000), key, owner, token))
+                if cursor.rowcount != 1:
+                    return False
+                cursor.execute(check, (key, owner, token))  # still in the future now?
+                return bool(cursor.fetchall())
+
+        return bool(retry_transient(go, self.using, what="lease lock"))
 
     # release(): the base class's UPDATE; Django connects to MySQL with CLIENT_FOUND_ROWS,
     # so its rowcount counts matched rows there too.
@@ -336,21 +385,30 @@ class LeaseLock:
     """A named lock held until a time on the database clock, fenced by a token.
 
     ``acquire()`` wins when the key is free or its lease has ended
-    (``locked_until <= now()`` on the database); each win bumps ``token`` by one, so
-    a holder whose lease was taken over is fenced: its ``renew()`` / ``release()``
-    match nothing and return ``False``. Each of the three is one atomic statement
-    (PostgreSQL and SQLite ``INSERT … ON CONFLICT … DO UPDATE … WHERE … RETURNING``,
-    MySQL/MariaDB ``INSERT … ON DUPLICATE KEY UPDATE`` with conditions). Works on every
-    database and through any connection pooler.
+    (``locked_until <= now()`` on the database, judged when the row is written); each win
+    bumps ``token`` by one, so a holder whose lease was taken over is fenced: its
+    ``renew()`` / ``release()`` match nothing and return ``False``. Each is one atomic
+    statement (PostgreSQL and SQLite ``INSERT … ON CONFLICT … DO UPDATE … WHERE …
+    RETURNING``, MySQL/MariaDB ``INSERT … ON DUPLICATE KEY UPDATE`` with conditions and a
+    read-back). Works on every database and through any connection pooler.
+
+    **The holder is told first.** Each successful acquire or renew sets a local deadline
+    on the monotonic clock: the moment the statement was *sent*, plus ``ttl``, minus a
+    :func:`safety_margin`. The database cannot end the lease before that, so
+    :attr:`held` turns ``False`` (and :meth:`check` raises) before anyone else can take
+    it over — whatever the renewer thread is doing, even if its connection hangs.
 
     As a context manager it raises :class:`LockNotAcquired` on enter when the lock is
     held elsewhere, releases on exit and raises :class:`LockLost` on exit if the lease
-    was lost meanwhile. ``auto_renew=True`` (or a number of seconds) renews it from a
-    background thread on its own database connection every ``ttl / 3`` seconds (or
-    that interval) while the block runs.
+    was lost (or its deadline passed) before the block ended; an exception from the
+    block is never replaced. Not re-entrant: entering a held lock again raises
+    :class:`LockUsageError`. ``auto_renew=True`` (or an interval in seconds) renews it
+    from a background thread on its own database connection every ``ttl / 3`` seconds
+    (or that interval) while the block runs; that is refused inside the caller's
+    ``atomic()`` block (the renewer's connection could not see the uncommitted lease).
 
     ``owner`` identifies the holder (default ``host:pid:<random>``, unique per
-    object); it must not be shared by two holders.
+    object); it must not be shared by two holders. One object is for one thread.
     """
 
     def __init__(
@@ -368,22 +426,27 @@ class LeaseLock:
         self.ttl = _validate_ttl(ttl)
         if owner is None:
             owner = f"{default_worker_id()}:{uuid.uuid4().hex[:12]}"
-        if not isinstance(owner, str) or not owner or len(owner) > 255:
+        if not isinstance(owner, str) or not owner or len(owner) > 255 or "\x00" in owner:
             raise LockUsageError("owner must be a non-empty string of at most 255 characters")
         self.owner = owner
         self.using = using or router.db_for_write(Lease)
         if isinstance(auto_renew, bool):
             self.renew_every: float | None = self.ttl / 3 if auto_renew else None
-        elif isinstance(auto_renew, int | float) and 0 < auto_renew < self.ttl:
+        elif (
+            isinstance(auto_renew, int | float)
+            and math.isfinite(auto_renew)
+            and MIN_RENEW_EVERY <= auto_renew < self.ttl
+        ):
             self.renew_every = float(auto_renew)
         else:
             raise LockUsageError(
-                f"auto_renew is True/False or an interval in seconds below ttl={self.ttl}, "
-                f"got {auto_renew!r}"
+                f"auto_renew is True/False or an interval from {MIN_RENEW_EVERY:g} s to "
+                f"below ttl={self.ttl:g} s, got {auto_renew!r}"
             )
         #: Fencing token of the held lease, ``None`` when not held.
         self.token: int | None = None
         self._lost = False
+        self._deadline = 0.0  # monotonic; meaningful while token is not None
         self._state = threading.Lock()
         self._renewer: _Renewer | None = None
 
@@ -392,13 +455,24 @@ class LeaseLock:
 
     @property
     def held(self) -> bool:
-        """Whether this object believes it holds the lease (last statement said so)."""
-        return self.token is not None and not self._lost
+        """Whether this object holds the lease: taken, not found lost, and its local
+        deadline (see the class docstring) not passed."""
+        return self.token is not None and not self._lost and time.monotonic() < self._deadline
 
     @property
     def lost(self) -> bool:
-        """Whether the lease was found taken over (or expired past renewal)."""
-        return self._lost
+        """Whether the lease was found taken over, or its local deadline passed."""
+        return self._lost or (self.token is not None and time.monotonic() >= self._deadline)
+
+    @property
+    def seconds_left(self) -> float:
+        """Seconds until the local deadline (0 when not held)."""
+        if self.token is None or self._lost:
+            return 0.0
+        return max(0.0, self._deadline - time.monotonic())
+
+    def _good_until(self, sent: float) -> float:
+        return sent + self.ttl - safety_margin(self.ttl)
 
     def acquire(self) -> bool:
         """Take the lease if it is free or expired; ``True`` if this call holds it.
@@ -408,12 +482,27 @@ class LeaseLock:
         """
         if self.token is not None and not self._lost:
             return self.renew()
+        sent = time.monotonic()
         token = _lease_sql(self.using).acquire(self.key, self.owner, self.ttl)
         with self._state:
             self.token = token
             self._lost = False
+            self._deadline = self._good_until(sent)
         if token is None:
             logger.debug("lease busy key=%s owner=%s", self.key, self.owner)
+            return False
+        if time.monotonic() >= self._deadline:
+            # The statement took longer than the lease (it waited on the row's lock): the
+            # lease may end before the caller could use it. Give it back; not acquired.
+            logger.warning(
+                "lease acquired too late key=%s owner=%s token=%s: its statement took "
+                "longer than ttl=%gs; released",
+                self.key,
+                self.owner,
+                token,
+                self.ttl,
+            )
+            self.release()
             return False
         logger.debug("lease acquired key=%s owner=%s token=%s", self.key, self.owner, token)
         return True
@@ -421,50 +510,98 @@ class LeaseLock:
     def renew(self) -> bool:
         """Extend the lease to ``now() + ttl``; ``False`` (and :attr:`lost`) if it was lost.
 
-        Fenced on (key, owner, token): after a takeover it changes nothing.
+        Fenced on (key, owner, token): after a takeover it changes nothing. A lease whose
+        local deadline already passed is not renewed (someone may hold it already).
         """
         token = self.token
         if token is None or self._lost:
             return False
+        if time.monotonic() >= self._deadline:
+            self._mark_lost("its deadline passed before it was renewed")
+            return False
+        sent = time.monotonic()
         ok = _lease_sql(self.using).renew(self.key, self.owner, token, self.ttl)
         if not ok:
-            self._mark_lost()
+            self._mark_lost("taken over: the renewal matched nothing")
+        else:
+            with self._state:
+                if self.token == token and not self._lost:
+                    self._deadline = self._good_until(sent)
+            if time.monotonic() >= self._deadline:
+                self._mark_lost("its renewal took longer than the lease")
+                return False
         return ok
 
     def release(self) -> bool:
         """Give the lease up now; ``True`` if it was still ours, ``False`` if it was lost.
 
         Fenced on (key, owner, token): a stale holder releases nothing. The row stays
-        (ending now) so the next holder's token keeps growing.
+        (ending now) so the next holder's token keeps growing. A lease past its deadline
+        is not sent a release (it ends by itself). A database error is logged and the
+        connection reset (the lease then ends at its ttl); it returns ``False``.
         """
         self._stop_renewer()
         token = self.token
         if token is None:
             return False
-        ok = _lease_sql(self.using).release(self.key, self.owner, token)
+        expired = self.lost
         with self._state:
             self.token = None
+        if expired:
+            return False
+        try:
+            ok = _lease_sql(self.using).release(self.key, self.owner, token)
+        except DatabaseError as exc:
+            logger.warning(
+                "lease release failed key=%s owner=%s token=%s error=%s: it ends at its ttl",
+                self.key,
+                self.owner,
+                token,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            )
+            if not in_user_atomic(self.using):
+                connections[self.using].close()  # the next statement reconnects
+            return False
         if not ok:
-            self._mark_lost()
+            self._mark_lost("taken over before release", token=token)
         else:
             logger.debug("lease released key=%s owner=%s token=%s", self.key, self.owner, token)
         return ok
 
     def check(self) -> None:
-        """Raise :class:`LockLost` if the lease is known to be lost (cheap; no query)."""
-        if self._lost:
-            raise LockLost(f"lease {self.key!r} was lost (taken over after it expired)")
+        """Raise :class:`LockLost` unless the lease is held.
 
-    def _mark_lost(self) -> None:
+        Without a renewer thread it also asks the database (one short query), so a
+        lease broken by an operator is noticed; with one, the renewer's last answer and
+        the local deadline decide.
+        """
+        token = self.token
+        if (
+            token is not None
+            and not self.lost
+            and self._renewer is None
+            and not _lease_sql(self.using).verify(self.key, self.owner, token)
+        ):
+            self._mark_lost("taken over or broken (checked against the database)")
+        if self.token is None:
+            raise LockLost(f"lease {self.key!r} is not held (never taken, or released)")
+        if not self.held:
+            raise LockLost(
+                f"lease {self.key!r} was lost (taken over, broken, or its deadline passed "
+                "without a renewal)"
+            )
+
+    def _mark_lost(self, why: str, *, token: int | None = None) -> None:
         with self._state:
             already = self._lost
             self._lost = True
         if not already:
             logger.warning(
-                "lease lost key=%s owner=%s token=%s: taken over after it expired",
+                "lease lost key=%s owner=%s token=%s: %s",
                 self.key,
                 self.owner,
-                self.token,
+                token if token is not None else self.token,
+                why,
             )
 
     def _start_renewer(self) -> None:
@@ -475,9 +612,20 @@ class LeaseLock:
     def _stop_renewer(self) -> None:
         renewer, self._renewer = self._renewer, None
         if renewer is not None:
-            renewer.stop()
+            renewer.stop(timeout=max(1.0, self.seconds_left))
 
     def __enter__(self) -> LeaseLock:
+        if self.token is not None and not self._lost:
+            raise LockUsageError(
+                f"lease {self.key!r} is already held by this object: nested `with` on one "
+                "LeaseLock is refused (the inner exit would release the outer block's lock)"
+            )
+        if self.renew_every is not None and in_user_atomic(self.using):
+            raise LockUsageError(
+                "a LeaseLock with auto_renew (and @singleton) cannot be taken inside an "
+                "atomic() block: the renewer's own connection cannot see the uncommitted "
+                "lease row. Take it outside the transaction, or without auto_renew."
+            )
         if not self.acquire():
             raise LockNotAcquired(f"lease {self.key!r} is held by another owner")
         self._start_renewer()
@@ -490,11 +638,12 @@ class LeaseLock:
         tb: TracebackType | None,
     ) -> None:
         self._stop_renewer()
-        ok = self.release() if not self._lost else False
-        if not ok and exc_type is None:
+        lost = self.lost  # before release: was the block covered to its end?
+        self.release()
+        if (lost or self._lost) and exc_type is None:
             raise LockLost(
-                f"lease {self.key!r} was lost before the block ended (taken over after "
-                "it expired); the block ran partly without the lock"
+                f"lease {self.key!r} was lost before the block ended (taken over, or its "
+                "deadline passed without a renewal); the block ran partly without the lock"
             )
 
 
@@ -503,7 +652,11 @@ lease_lock = LeaseLock
 
 
 class _Renewer(threading.Thread):
-    """Renews a lease every ``interval`` seconds on the thread's own connection."""
+    """Renews a lease every ``interval`` seconds on the thread's own connection.
+
+    Never renews past the lease's local deadline; a statement that hangs (a black-holed
+    network) does not keep :attr:`LeaseLock.held` true, and ``stop()`` does not wait for
+    it beyond its timeout (the thread is a daemon)."""
 
     def __init__(self, lock: LeaseLock, interval: float) -> None:
         super().__init__(name=f"taskclaim-lease-{lock.key}", daemon=True)
@@ -511,28 +664,32 @@ class _Renewer(threading.Thread):
         self.interval = interval
         self._stop_event = threading.Event()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
         self._stop_event.set()
         if self is not threading.current_thread():
-            self.join()
+            self.join(timeout)
 
     def run(self) -> None:
         lock = self.lock
-        good_until = time.monotonic() + lock.ttl
         try:
             while not self._stop_event.wait(self.interval):
+                if not lock.held:
+                    if lock.token is not None and not lock._lost:
+                        lock._mark_lost("its deadline passed: the database did not answer in time")
+                    return
                 try:
                     ok = lock.renew()
                 except DatabaseError as exc:
-                    logger.warning("lease renewal failed key=%s error=%s", lock.key, exc)
+                    logger.warning(
+                        "lease renewal failed key=%s error=%s (held for %.1fs more at most)",
+                        lock.key,
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else exc,
+                        lock.seconds_left,
+                    )
                     connections[lock.using].close()
-                    if time.monotonic() >= good_until:
-                        lock._mark_lost()
-                        return
                     continue
                 if not ok:
                     return
-                good_until = time.monotonic() + lock.ttl
         finally:
             connections[lock.using].close()
 
@@ -599,18 +756,30 @@ class AdvisoryLock:
                 raise LockUsageError(f"timeout must be >= 0 seconds, got {timeout!r}")
             if not wait:
                 raise LockUsageError("timeout needs wait=True (wait=False never waits)")
+            if timeout > PG_MAX_TIMEOUT:
+                raise LockUsageError(
+                    f"timeout is at most {PG_MAX_TIMEOUT:g} seconds (24 days), got {timeout!r}"
+                )
         if on_fail not in ("raise", "return", "skip"):
             raise LockUsageError(f'on_fail is "raise", "return" or "skip", got {on_fail!r}')
         self.key = key
-        self.shared = bool(shared)
-        self.xact = bool(xact)
-        self.wait = bool(wait)
+        self.shared = _flag(shared, "shared")
+        self.xact = _flag(xact, "xact")
+        self.wait = _flag(wait, "wait")
         self.timeout = timeout
         self.using = using or DEFAULT_DB_ALIAS
         self.on_fail = on_fail
         self._decorating = False
-        # per-enter state (a stack, so one object may be nested)
-        self._stack: list[dict[str, Any]] = []
+        # Per-thread, per-enter state (a stack per thread, so one object may be nested,
+        # and one module-level object may be used by many threads at once).
+        self._local = threading.local()
+
+    @property
+    def _stack(self) -> list[dict[str, Any]]:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return cast(list[dict[str, Any]], stack)
 
     def __repr__(self) -> str:
         scope = "xact" if self.xact else "session"
@@ -663,6 +832,8 @@ class AdvisoryLock:
         conn = connections[self.using]
         vendor = conn.vendor
         if vendor == "postgresql":
+            if not self.xact and taskclaim_settings.POOLER_MODE is None:
+                _refuse_if_proxied(conn)
             if not self.xact and taskclaim_settings.POOLER_MODE == "transaction":
                 raise LockUsageError(
                     "session-scope advisory locks (xact=False) are refused because "
@@ -808,6 +979,41 @@ class AdvisoryLock:
         return None
 
 
+#: PostgreSQL's ``lock_timeout`` is an int32 of milliseconds.
+PG_MAX_TIMEOUT = (2**31 - 1) / 1000
+
+
+def _refuse_if_proxied(conn: Any) -> None:
+    """Refuse session locks when something sits between Django and PostgreSQL.
+
+    PostgreSQL reports the port it accepted the connection on (``inet_server_port()``);
+    when that is not the port Django connected to, a pooler or proxy is in between. A
+    transaction pooler would hand the session lock to a server connection other clients
+    then use, so it would exclude nobody: unless ``TASKCLAIM_POOLER_MODE`` says what is
+    there, the lock is refused. Checked once per database connection.
+    """
+    if conn.connection is None:
+        conn.ensure_connection()
+    raw = conn.connection
+    if getattr(conn, "_taskclaim_checked_proxy", None) is raw:
+        return
+    configured = conn.settings_dict.get("PORT") or 5432
+    host = str(conn.settings_dict.get("HOST") or "")
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT inet_server_port()")
+        (server_port,) = cursor.fetchone()
+    if server_port is not None and not host.startswith("/") and int(configured) != server_port:
+        raise LockUsageError(
+            f"session-scope advisory locks (xact=False) are refused: Django connects to port "
+            f"{configured} but PostgreSQL accepted the connection on port {server_port}, so "
+            "a pooler or proxy sits between. Behind pgBouncer in transaction mode a session "
+            "lock would stay on a server connection other clients use and exclude nobody. "
+            'Declare TASKCLAIM_POOLER_MODE = "session" if it is a session pooler or a plain '
+            'proxy, "transaction" if it pools transactions; or use xact=True / a LeaseLock.'
+        )
+    conn._taskclaim_checked_proxy = raw
+
+
 def advisory(
     key: object = None,
     *,
@@ -906,10 +1112,11 @@ def singleton(
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if backend == "lease":
                 lock = LeaseLock(name, ttl, using=using, auto_renew=True)
-                if not lock.acquire():
+                try:
+                    lock.__enter__()
+                except LockNotAcquired:
                     _log_skip(name, backend)
                     return SKIPPED
-                lock._start_renewer()
                 try:
                     result = func(*args, **kwargs)
                 except BaseException as exc:

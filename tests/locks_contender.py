@@ -70,11 +70,12 @@ def main() -> None:
         run = singleton(key, backend="advisory", xact=backend == "advisory")(body)
 
     Path(go_file + f".ready.{os.getpid()}").touch()
-    deadline = time.monotonic() + 60
-    while not Path(go_file).exists():  # start together with the others
-        if time.monotonic() > deadline:
-            raise SystemExit("no go signal")
-        time.sleep(0.005)
+    from tests.helpers import wait_for
+
+    try:  # start together with the others
+        wait_for(Path(go_file).exists, timeout=60, interval=0.005, what="the go signal")
+    except AssertionError:
+        raise SystemExit("no go signal") from None
     won = skipped = 0
     for _ in range(int(attempts)):
         result = run()

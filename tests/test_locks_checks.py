@@ -52,3 +52,14 @@ def test_the_registered_check_reads_the_live_settings():
         found = [m.id for m in check_pooler()]
     expected = ["taskclaim.W003"] if settings.DB_VENDOR == "postgresql" else []
     assert found[: len(expected)] == expected
+
+
+def test_pooler_checks_run_without_the_database_tag():
+    """They read settings only, so a plain `manage.py check` (and runserver) runs them:
+    checks tagged `database` run only with `check --database`."""
+    from django.core import checks
+
+    assert checks.registry.registry.tag_exists("compatibility")
+    tags = check_pooler.tags  # set by @checks.register
+    assert "database" not in tags
+    assert check_pooler in checks.registry.registry.get_checks(include_deployment_checks=False)

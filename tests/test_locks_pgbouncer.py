@@ -117,3 +117,27 @@ def test_a_raw_session_lock_does_not_exclude_through_transaction_pooling(bouncer
     finally:
         c.close()
         d.close()
+
+
+def test_an_undeclared_pooler_is_detected_and_session_locks_refused(bouncer):
+    """pgBouncer on a port other than 6432 and TASKCLAIM_POOLER_MODE unset: PostgreSQL
+    reports the port it accepted the connection on, which is not the one Django dialled,
+    so session-scope advisory locks are refused instead of silently excluding nobody."""
+    port, _, _ = bouncer
+    assert port != 6432
+    env = {"DATABASE_URL": f"postgres://postgres@127.0.0.1:{port}/postgres"}
+    with ledger_table() as table, pytest.raises(AssertionError) as failed:
+        contend("advisory-session", table, procs=1, attempts=1, env=env)
+    assert "LockUsageError" in str(failed.value)
+    assert "a pooler or proxy sits between" in str(failed.value)
+
+
+def test_session_locks_work_when_connected_directly():
+    """The same check passes on a direct connection (the port Django dialled is the
+    server's), so session locks are not refused without a pooler."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only")
+    from django_taskclaim.locks import advisory
+
+    with advisory("direct-session", xact=False) as got:
+        assert got is True

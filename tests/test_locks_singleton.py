@@ -7,9 +7,9 @@ import logging
 import pytest
 from django.db import connection
 from django.db.models import F
-from django.db.models.functions import Now
 
 from django_taskclaim import SKIPPED, LeaseLock, singleton
+from django_taskclaim.db import DbNow
 from django_taskclaim.locks import LockLost, LockUsageError
 from django_taskclaim.models import Lease
 from tests.helpers import wait_for
@@ -20,11 +20,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_runs_where_won_and_releases():
     @singleton("daily-report", ttl=30)
     def report(n):
-        assert Lease.objects.filter(key="daily-report", locked_until__gt=Now()).exists()
+        assert Lease.objects.filter(key="daily-report", locked_until__gt=DbNow()).exists()
         return n * 2
 
     assert report(21) == 42
-    assert Lease.objects.filter(key="daily-report", locked_until__lte=Now()).exists()
+    assert Lease.objects.filter(key="daily-report", locked_until__lte=DbNow()).exists()
     assert report(1) == 2  # released, so the next call wins again
     assert Lease.objects.get(key="daily-report").token == 2
 
