@@ -49,6 +49,7 @@ from django.db.models import Max, Min  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 
 from benchmarks.benchapp.models import BenchTask  # noqa: E402
+from django_taskclaim.db import DbNow  # noqa: E402
 from django_taskclaim.lifecycle import run_task  # noqa: E402
 
 LABEL = "benchapp.BenchTask"
@@ -167,10 +168,9 @@ def fill(alias: str, ready: int, *, done: int = 0, expired: int = 0) -> None:
             cur.execute(f"VACUUM ANALYZE {qn(TABLE)}")
             return
     BenchTask.objects.using(alias).all().delete()
-    from django.db.models.functions import Now
 
     for n, kw in (
-        (done, {"status": "done", "finished_at": Now(), "version": 1, "attempts": 1}),
+        (done, {"status": "done", "finished_at": DbNow(), "version": 1, "attempts": 1}),
         (ready, {}),
     ):
         for start in range(0, n, 5000):
@@ -188,7 +188,7 @@ def fill(alias: str, ready: int, *, done: int = 0, expired: int = 0) -> None:
         from datetime import timedelta
 
         BenchTask.objects.using(alias).filter(status="processing").update(
-            locked_until=Now() - timedelta(minutes=1)
+            locked_until=DbNow() - timedelta(minutes=1)
         )
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 
 from django.core.mail import send_mail
 from django.tasks import task
 
 from django_taskclaim.exceptions import Fail, Retry
+from tests.helpers import simulate_work
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +99,7 @@ def slow_first_attempt(context, marker):
 
     if context.attempt == 1:
         Document.objects.create(title=f"{marker} started pid={os.getpid()}")
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
+        simulate_work(120)  # until the test kills this worker
     Document.objects.create(title=marker)
     return {"attempt": context.attempt, "pid": os.getpid()}
 

@@ -25,7 +25,6 @@ if not apps.is_installed("django_taskclaim.contrib.tasks"):
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, connections, transaction
-from django.db.models.functions import Now
 from django.tasks import TaskResultStatus, default_task_backend, task_backends
 from django.tasks.exceptions import (
     InvalidTask,
@@ -40,6 +39,7 @@ from django.utils import timezone
 from django_taskclaim.contrib.tasks.apps import check_django_version
 from django_taskclaim.contrib.tasks.backend import TaskClaimBackend
 from django_taskclaim.contrib.tasks.models import QueuedTask
+from django_taskclaim.db import DbNow
 from django_taskclaim.lifecycle import run_task
 from django_taskclaim.reaper import reap
 from tests import tasks_examples as ex
@@ -251,7 +251,7 @@ def test_enqueued_task_is_invisible_to_workers_until_the_caller_commits():
 def test_run_after_defers_the_task_on_the_database_clock():
     later = ex.add.using(run_after=timedelta(hours=1)).enqueue(1)
     due = ex.add.using(run_after=timezone.now() - timedelta(seconds=1)).enqueue(2)
-    row = QueuedTask.objects.annotate(db_now=Now()).get(pk=later.id)
+    row = QueuedTask.objects.annotate(db_now=DbNow()).get(pk=later.id)
     assert timedelta(minutes=59) < row.run_after - row.db_now <= timedelta(hours=1)
     assert list(QueuedTask.objects.claimable().values_list("pk", flat=True)) == [
         QueuedTask.objects.get(pk=due.id).pk
@@ -379,7 +379,7 @@ def test_per_task_max_attempts_and_fail_are_final_at_once():
 def test_retry_raised_by_the_task_sets_its_own_delay():
     result = ex.retry_later.enqueue(300)
     assert run_one()[1] == "ready"
-    row = QueuedTask.objects.annotate(db_now=Now()).get(pk=result.id)
+    row = QueuedTask.objects.annotate(db_now=DbNow()).get(pk=result.id)
     assert timedelta(seconds=290) < row.run_after - row.db_now <= timedelta(seconds=300)
     result.refresh()
     assert result.status == TaskResultStatus.READY
@@ -397,7 +397,7 @@ def test_retry_backoff_comes_from_the_backend_options():
     with override_settings(TASKS=tasks):
         result = ex.raise_value_error.enqueue("later")
         assert run_one()[1] == "ready"
-        row = QueuedTask.objects.annotate(db_now=Now()).get(pk=result.id)
+        row = QueuedTask.objects.annotate(db_now=DbNow()).get(pk=result.id)
         assert timedelta(seconds=590) < row.run_after - row.db_now <= timedelta(seconds=600)
         assert not QueuedTask.objects.claimable().exists()
         assert row.max_attempts == 2
@@ -458,7 +458,12 @@ def test_a_worker_that_lost_its_claim_writes_no_result():
     assert run_one()[1] == "done"
     result.refresh()
     assert result.return_value == 42
-    assert result.worker_ids == ["w-test"]
+    # the stale claim counted as an attempt that recorded no outcome
+    assert result.worker_ids == ["w-old", "w-test"]
+    assert [e.exception_class_path for e in result.errors] == [
+        "django_taskclaim.contrib.tasks.exceptions.WorkerLost"
+    ]
+    assert "released from worker w-old" in result.errors[0].traceback
 
 
 def _crash_during_attempt(lease=30):
@@ -466,8 +471,8 @@ def _crash_during_attempt(lease=30):
     from django_taskclaim.contrib.tasks import runner
 
     row = QueuedTask.objects.claim_next(worker="w-dead", lease=lease)
-    runner._start(row, runner.lost_attempt(row))
-    QueuedTask.objects.filter(pk=row.pk).update(locked_until=Now() - timedelta(seconds=1))
+    runner._start(row, runner.lost_attempts(row))
+    QueuedTask.objects.filter(pk=row.pk).update(locked_until=DbNow() - timedelta(seconds=1))
     assert reap(QueuedTask).requeued == 1
 
 

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.db import router
-from django.db.models.functions import Now
 from django.tasks import Task, TaskResult
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
@@ -24,7 +23,7 @@ from django.tasks.signals import task_enqueued
 from django.utils.json import normalize_json
 
 from django_taskclaim.conf import taskclaim_settings
-from django_taskclaim.db import retry_transient
+from django_taskclaim.db import DbNow, retry_transient
 
 from .exceptions import InvalidTaskArguments
 
@@ -293,7 +292,7 @@ class TaskClaimBackend(BaseTaskBackend):
             max_attempts=own if own is not None else self.max_attempts,
         )
         if isinstance(task.run_after, timedelta):
-            row.run_after = Now() + task.run_after  # database clock
+            row.run_after = DbNow() + task.run_after  # database clock
         else:
             row.run_after = task.run_after
         using = self.database

@@ -102,7 +102,7 @@ def _loaded(row: Any, name: str, fallback: Any = None) -> Any:
         return fallback
     value = row.__dict__[attname]
     if name.endswith("_at") and value is not None and not isinstance(value, datetime):
-        return fallback  # an expression (e.g. Now()) not read back yet
+        return fallback  # an expression (e.g. DbNow()) not read back yet
     return value
 
 

@@ -12,22 +12,20 @@ import inspect
 import json
 import logging
 import random
+import re
+import time
 import traceback
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import router
-from django.db.models import F
-from django.db.models.functions import Coalesce, Now
 from django.tasks import TaskContext, TaskResult, task_backends
 from django.tasks.exceptions import InvalidTaskBackend
 from django.tasks.signals import task_finished, task_started
-from django.utils import timezone
 from django.utils.json import normalize_json
 
 from django_taskclaim.conf import taskclaim_settings
-from django_taskclaim.db import retry_transient
-from django_taskclaim.exceptions import ClaimLost, Fail, Retry
-from django_taskclaim.lifecycle import MAX_ERROR_CHARS
+from django_taskclaim.exceptions import Fail, Retry
+from django_taskclaim.lifecycle import MAX_ERROR_CHARS, BatchableResult
 
 from .backend import TaskClaimBackend
 from .exceptions import (
@@ -121,58 +119,103 @@ def _decode(row: QueuedTask, func: Any, takes_context: bool) -> tuple[list[Any],
     return args, kwargs
 
 
-def lost_attempt(row: QueuedTask) -> dict | None:
-    """The error entry of the previous attempt if it never recorded an outcome, else None.
+_HOLDER = re.compile(r"(?:held by|from worker) (\S+)")
 
-    An attempt is open from its start write until its outcome is written; a row
-    claimed while its previous attempt is still open lost that attempt (its worker was
-    killed, or its lease expired and the reaper took the row back).
+
+def lost_attempts(row: QueuedTask) -> list[dict]:
+    """Error entries of the earlier attempts that never recorded an outcome.
+
+    Every attempt that records an outcome adds its worker to ``worker_ids``; attempts
+    are counted at claim (a release that gives an unstarted row back uncounts it). So the
+    claims before this one that left no trace are ``attempts - 1 - len(worker_ids)``:
+    their workers died or lost their lease. The last one's worker is named in
+    ``last_error`` by whoever took the row back; earlier ones are unknown (``?``).
+    Rows written by an older version mark an open attempt with ``attempt_open``.
     """
-    if not row.attempt_open:
-        return None
-    ids = row.worker_ids if isinstance(row.worker_ids, list) and row.worker_ids else ["?"]
-    return error_entry(
-        None,
-        WorkerLost,
-        f"attempt {len(ids)} on worker {ids[-1]} did not record an outcome: "
-        f"{row.last_error or 'its worker stopped or lost its lease'}",
-    )
-
-
-def _start(row: QueuedTask, lost: dict | None) -> None:
-    """Fenced write that opens the attempt: worker id, timestamps, lost-attempt error."""
-    worker = row.locked_by or "?"
-    worker_ids = [*(row.worker_ids if isinstance(row.worker_ids, list) else []), worker]
-    updates: dict[str, Any] = {
-        "worker_ids": worker_ids,
-        "attempt_open": True,
-        "last_attempted_at": Now(),
-        "started_at": Coalesce(F("started_at"), Now()),
-    }
-    if lost is not None:
-        updates["errors"] = _errors(row, lost)
-    using = row._state.db or router.db_for_write(QueuedTask)
-    qs = QueuedTask._base_manager.using(using).filter(
-        pk=row.pk, version=row.version, status="processing"
-    )
-    if retry_transient(lambda: qs.update(**updates), using, what="start task") != 1:
-        raise ClaimLost(
-            f"{row._meta.label} pk={row.pk}: claim token {row.version} is no longer current; "
-            "the attempt was not started",
-            task=row,
+    ids = row.worker_ids if isinstance(row.worker_ids, list) else []
+    missing = max(0, row.attempts - 1 - len(ids))
+    if not missing and row.attempt_open:
+        missing = 1  # an older version's attempt, started (and listed) but never finished
+        ids = ids[:-1]
+    if not missing:
+        return []
+    found = _HOLDER.search(row.last_error or "")
+    last_holder = found.group(1) if found else "?"
+    why = row.last_error or "its worker stopped or lost its lease"
+    entries = []
+    for k in range(missing):
+        number = len(ids) + k + 1
+        holder = last_holder if k == missing - 1 else "?"
+        entry = error_entry(
+            None,
+            WorkerLost,
+            f"attempt {number} on worker {holder} did not record an outcome: {why}",
         )
-    now = timezone.now()
-    row.worker_ids = worker_ids
+        entries.append(entry | {"worker_id": holder})
+    return entries
+
+
+def _start(row: QueuedTask, lost: list[dict]) -> None:
+    """Open the attempt in memory only — no write of its own: worker ids, timestamps and
+    a lost-attempt error are recorded with the attempt's outcome, in the same fenced
+    UPDATE (batched with other completions by the worker). Until then the row is
+    ``processing`` (RUNNING) and its lease names the worker."""
+    worker = row.locked_by or "?"
+    previous = row.worker_ids if isinstance(row.worker_ids, list) else []
+    if row.attempt_open and previous:
+        previous = previous[:-1]  # an older version listed the open attempt already
+    if lost:
+        previous = [*previous, *(entry.pop("worker_id", "?") for entry in lost)]
+        row.errors = _errors(row, *lost)
+    row.worker_ids = [*previous, worker]
     row.attempt_open = True
-    row.last_attempted_at = now
-    row.started_at = row.started_at or now
-    if lost is not None:
-        row.errors = updates["errors"]
+    row.__dict__[_FIRST_START] = row.started_at  # None before the first attempt
+    row.__dict__[_STARTED] = time.monotonic()
+    began = _db_clock(row._state.db or "default", row.__dict__[_STARTED])
+    row.last_attempted_at = began
+    row.started_at = row.started_at or began
+
+
+_STARTED = "_taskclaim_attempt_started"
+_FIRST_START = "_taskclaim_first_start"
+
+
+#: (database clock reading, monotonic clock at that reading) per database alias.
+_CLOCK: dict[str, tuple[datetime, float]] = {}
+#: How long one reading of the database clock serves (then it is read again).
+CLOCK_READING_TTL = 60.0
+
+
+def _db_clock(using: str, at: float) -> datetime:
+    """The database clock's time at monotonic instant ``at``: one reading of the
+    database's ``now()`` per minute, plus the monotonic time elapsed since (so the
+    attempt's start is written as a plain value that batches well, yet on the database's
+    clock, never the worker's wall clock)."""
+    reading = _CLOCK.get(using)
+    if reading is None or time.monotonic() - reading[1] > CLOCK_READING_TTL:
+        from django_taskclaim.monitoring import db_now
+
+        reading = _CLOCK[using] = (db_now(using), time.monotonic())
+    return reading[0] + timedelta(seconds=at - reading[1])
+
+
+def _attempt_fields(row: QueuedTask) -> dict[str, Any]:
+    """What the attempt's outcome write records besides the outcome: the worker ids and
+    errors so far, and the attempt's start on the database clock."""
+    using = row._state.db or "default"
+    began = _db_clock(using, row.__dict__.get(_STARTED, time.monotonic()))
+    return {
+        "worker_ids": row.worker_ids,
+        "errors": row.errors if isinstance(row.errors, list) else [],
+        "attempt_open": False,
+        "last_attempted_at": began,
+        "started_at": row.__dict__.get(_FIRST_START) or began,
+    }
 
 
 def _finish_failed(row: QueuedTask, exc: BaseException, *, permanent: bool) -> str:
     """Record a failed attempt: retry with backoff, or FAILED once out of attempts."""
-    fields = {"errors": _errors(row, error_entry(exc, type(exc))), "attempt_open": False}
+    fields = {**_attempt_fields(row), "errors": _errors(row, error_entry(exc, type(exc)))}
     delay: float | None = None
     if isinstance(exc, Retry):
         delay = exc.delay
@@ -209,7 +252,7 @@ def _finish_failed(row: QueuedTask, exc: BaseException, *, permanent: bool) -> s
     return "ready"
 
 
-def execute(row: QueuedTask) -> str:
+def execute(row: QueuedTask) -> str | BatchableResult:
     """Run one attempt of the claimed Task row and record its outcome; return the state.
 
     Guarantees: every write is fenced on the claim token (a worker that lost the claim
@@ -222,12 +265,15 @@ def execute(row: QueuedTask) -> str:
     claimed, and a task that used up its attempts that way ends FAILED without
     running again. Django's ``task_started`` / ``task_finished`` signals are sent.
     """
-    lost = lost_attempt(row)
+    lost = lost_attempts(row)
     if row.attempts > row.max_attempts:
+        ids = row.worker_ids if isinstance(row.worker_ids, list) else []
+        holders = [entry.pop("worker_id", "?") for entry in lost]
         row.fail(
             f"gave up: attempt {row.attempts} exceeds max_attempts={row.max_attempts}"
-            + (f"; {lost['traceback']}" if lost else ""),
-            errors=_errors(row, *([lost] if lost else [])),
+            + (f"; {lost[-1]['traceback']}" if lost else ""),
+            errors=_errors(row, *lost),
+            worker_ids=[*ids, *holders],
             attempt_open=False,
         )
         task_finished.send(_sender(row.backend_name), task_result=to_result(row))
@@ -261,6 +307,10 @@ def execute(row: QueuedTask) -> str:
         )
         error.__cause__ = exc
         return _finish_failed(row, error, permanent=True)
-    row.complete(return_value=value, attempt_open=False)
-    task_finished.send(sender, task_result=to_result(row, task=task))
-    return "done"
+
+    def finished() -> None:
+        task_finished.send(sender, task_result=to_result(row, task=task))
+
+    # Written by the worker with other completions in one fenced UPDATE (or at once when
+    # run outside a worker); ``finished`` is sent once it is.
+    return BatchableResult({**_attempt_fields(row), "return_value": value}, on_written=finished)
