@@ -1,68 +1,229 @@
 #!/usr/bin/env bash
 # The README's test command (`make test`): lint, type-check, migrations check, then the
-# suite on SQLite, PostgreSQL (local server, else embedded) and MariaDB (when reachable),
-# then the core suite on Django 5.2 LTS. Prints one total line at the end.
+# suite on SQLite, PostgreSQL (local server, else embedded) and MariaDB (when a server
+# answers and the mysqlclient driver is installed), then the core suite on Django 5.2 LTS.
+# Every pass prints how long it took; a table and one "total:" line end the run. A pass
+# that crashes (pytest exit code other than 0 and 5, or no pytest summary line) counts as
+# one failed test in the total line and makes the exit code non-zero.
+#
+# Environment (see docs/testing.md):
+#   TASKCLAIM_FAST=1         `make test-fast`: lint + SQLite + PostgreSQL, without the tests
+#                            marked slow; no MariaDB, no Django 5.2 pass
+#   TASKCLAIM_PASSES="a b"   run only these passes (lint sqlite sqlite-tasks postgresql
+#                            postgresql-tasks mariadb mariadb-tasks django52)
+#   TASKCLAIM_TESTS="…"      pytest selection of the sqlite / postgresql / mariadb / django52
+#                            passes instead of their default (the whole suite; five files)
+#   TASKCLAIM_PYTEST_ARGS="…" extra pytest arguments for every pass
+#   TASKCLAIM_WORKERS=N      pytest-xdist workers of the database passes (default 2; 0 = none)
+#   VENV=dir                 virtual environment (default .venv; the Django 5.2 one is VENV-dj52)
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
-venv=$("$here/scripts/bootstrap.sh" "$here/.venv") || exit 1
-py="$venv/bin/python"
-logdir="$here/var/test-logs"; mkdir -p "$logdir"; rm -f "$logdir"/*.log
-status=0
-step() { printf '\n=== %s\n' "$*"; }
+started=$SECONDS
+venv=${VENV:-$here/.venv}
+case $venv in /*) ;; *) venv=$here/$venv ;; esac
 
-step "ruff, mypy, makemigrations --check"
-"$venv/bin/ruff" check . || status=1
-"$venv/bin/ruff" format --check --quiet django_taskclaim tests example_project benchmarks || { echo "ruff format: files need formatting (run: .venv/bin/ruff format .)"; status=1; }
-"$venv/bin/mypy" || status=1
-TASKCLAIM_TEST_DB=sqlite "$py" -m django makemigrations --check --dry-run --settings=tests.settings_tasks -v1 || status=1
+all_passes="lint sqlite sqlite-tasks postgresql postgresql-tasks mariadb mariadb-tasks django52"
+extra_args=()
+if [ -n "${TASKCLAIM_FAST:-}" ]; then
+  passes="lint sqlite postgresql"
+  extra_args+=(-m "not slow")
+  echo "make test-fast: passes $passes, tests marked slow left out (make test runs everything)"
+else
+  passes="$all_passes"
+fi
+[ -n "${TASKCLAIM_PASSES:-}" ] && passes=${TASKCLAIM_PASSES//,/ }
+for p in $passes; do
+  case " $all_passes " in *" $p "*) ;; *) echo "TASKCLAIM_PASSES: unknown pass '$p' (known: $all_passes)" >&2; exit 2 ;; esac
+done
+if [ -n "${TASKCLAIM_PYTEST_ARGS:-}" ]; then
+  read -r -a more <<<"$TASKCLAIM_PYTEST_ARGS"
+  extra_args+=("${more[@]}")
+fi
+wanted() { case " $passes " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+if [ -n "${DATABASE_URL:-}" ]; then
+  echo "note: DATABASE_URL is ignored here: each pass picks its own database (use pytest directly for one database)"
+fi
+unset DATABASE_URL TASKCLAIM_TEST_DB_NAME DJANGO_SETTINGS_MODULE
+
+logdir="$here/var/test-logs"
+mkdir -p "$logdir"
+rm -f "$logdir"/*.log "$logdir/results.tsv"
+results="$logdir/results.tsv"
+record() { printf '%s\t%s\t%s\t%s\t%s\n' "$@" >>"$results"; }  # name state rc seconds note
+step() { printf '\n=== %s\n' "$*"; }
+took() { echo "--- $1: $2 s${3:+ ($3)}"; }
+
+if ! venv=$("$here/scripts/bootstrap.sh" "$venv"); then
+  echo
+  echo "total: nothing ran: the virtual environment could not be set up (see above)"
+  exit 1
+fi
+py="$venv/bin/python"
+
+if wanted lint; then
+  step "lint: ruff, mypy, makemigrations --check"
+  t=$SECONDS; ok=0
+  "$venv/bin/ruff" check . || ok=1
+  "$venv/bin/ruff" format --check --quiet django_taskclaim tests example_project benchmarks \
+    || { echo "ruff format: files need formatting (run: $venv/bin/ruff format .)"; ok=1; }
+  "$venv/bin/mypy" || ok=1
+  TASKCLAIM_TEST_DB=sqlite "$py" -m django makemigrations --check --dry-run --settings=tests.settings_tasks -v1 || ok=1
+  record lint "$([ $ok = 0 ] && echo ok || echo failed)" "$ok" $((SECONDS - t)) ""
+  took lint $((SECONDS - t)) "$([ $ok = 0 ] && echo ok || echo FAILED)"
+fi
 
 reachable() { "$py" -c "import socket,sys; socket.create_connection(('$1', $2), 1)" 2>/dev/null; }
 
-run_suite() {  # name, env..., then -- pytest args
-  local name=$1; shift
+run_pass() {  # name python env... -- pytest args
+  local name=$1 python=$2; shift 2
   local envs=()
-  while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
   step "pytest on $name"
-  env "${envs[@]}" "$py" -m pytest "$@" 2>&1 | tee "$logdir/$name.log"
+  local t=$SECONDS
+  env "${envs[@]}" "$python" -m pytest "$@" ${extra_args[@]+"${extra_args[@]}"} 2>&1 | tee "$logdir/$name.log"
   local rc=${PIPESTATUS[0]}
-  if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then status=1; fi
+  record "$name" ran "$rc" $((SECONDS - t)) ""
+  took "$name" $((SECONDS - t)) "pytest exit code $rc"
 }
 
-TASKS_TESTS=(--ds=tests.settings_tasks tests/test_tasks_backend.py tests/test_tasks_backend_worker.py)
-run_suite sqlite TASKCLAIM_TEST_DB=sqlite -- -q
-run_suite sqlite-tasks TASKCLAIM_TEST_DB=sqlite -- -q "${TASKS_TESTS[@]}"
-run_suite postgresql TASKCLAIM_TEST_DB=postgres -- -q
-run_suite postgresql-tasks TASKCLAIM_TEST_DB=postgres -- -q "${TASKS_TESTS[@]}"
-if reachable 127.0.0.1 3306; then
-  run_suite mariadb TASKCLAIM_TEST_DB=mariadb -- -q
-  run_suite mariadb-tasks TASKCLAIM_TEST_DB=mariadb -- -q "${TASKS_TESTS[@]}"
-else
-  step "pytest on mariadb"
-  echo "SKIPPED: MariaDB/MySQL tests — no server at 127.0.0.1:3306 (start one, or set DATABASE_URL=mysql://…)"
+skip_pass() {  # name reason
+  step "pytest on $1"
+  echo "SKIPPED: $1 — $2"
+  record "$1" skipped "" 0 "$2"
+}
+
+mariadb_skip_reason() {
+  if ! reachable 127.0.0.1 3306; then
+    echo "no MariaDB/MySQL server answers at 127.0.0.1:3306. Fix: start one (the SQLite and PostgreSQL passes do not need it)"
+  elif ! "$py" -c "import MySQLdb" 2>/dev/null; then
+    local why="Django's MySQL backend requires the mysqlclient driver (it supports no header-free driver), and mysqlclient is not installed in $venv"
+    if pkg-config --exists libmariadb 2>/dev/null; then
+      echo "MariaDB answers at 127.0.0.1:3306, but $why: it did not build although the client headers are there (see the bootstrap lines above). Fix: apt-get install build-essential, then make test again"
+    else
+      echo "MariaDB answers at 127.0.0.1:3306, but $why: it compiles against the MariaDB client headers, which are missing. Fix: apt-get install libmariadb-dev pkg-config (as root), then make test again (it then installs mysqlclient by itself)"
+    fi
+  fi
+}
+
+# The three database passes run on TASKCLAIM_WORKERS pytest-xdist workers (default 2,
+# one per core of the reference machine; each worker gets its own test database). Most
+# of their time is spent waiting on worker subprocesses and the database, so two workers
+# cut a pass by about a third. TASKCLAIM_WORKERS=0 runs them in one process.
+MAIN_TESTS=(-q)
+workers=${TASKCLAIM_WORKERS:-2}
+if [ "$workers" != 0 ] && "$py" -c "import xdist" 2>/dev/null; then
+  MAIN_TESTS+=(-n "$workers")
+fi
+if [ -n "${TASKCLAIM_TESTS:-}" ]; then
+  read -r -a sel <<<"$TASKCLAIM_TESTS"
+  MAIN_TESTS+=("${sel[@]}")
+fi
+TASKS_TESTS=(-q --ds=tests.settings_tasks tests/test_tasks_backend.py tests/test_tasks_backend_worker.py)
+wanted sqlite && run_pass sqlite "$py" TASKCLAIM_TEST_DB=sqlite -- "${MAIN_TESTS[@]}"
+wanted sqlite-tasks && run_pass sqlite-tasks "$py" TASKCLAIM_TEST_DB=sqlite -- "${TASKS_TESTS[@]}"
+wanted postgresql && run_pass postgresql "$py" TASKCLAIM_TEST_DB=postgres -- "${MAIN_TESTS[@]}"
+wanted postgresql-tasks && run_pass postgresql-tasks "$py" TASKCLAIM_TEST_DB=postgres -- "${TASKS_TESTS[@]}"
+if wanted mariadb || wanted mariadb-tasks; then
+  reason=$(mariadb_skip_reason)
+  for name in mariadb mariadb-tasks; do
+    wanted $name || continue
+    if [ -n "$reason" ]; then
+      skip_pass $name "$reason"
+      [ $name = mariadb ] && reason="as the mariadb pass"
+    elif [ $name = mariadb ]; then
+      run_pass mariadb "$py" TASKCLAIM_TEST_DB=mariadb -- "${MAIN_TESTS[@]}"
+    else
+      run_pass mariadb-tasks "$py" TASKCLAIM_TEST_DB=mariadb -- "${TASKS_TESTS[@]}"
+    fi
+  done
 fi
 
-step "core suite on Django 5.2 LTS"
-dj52=$("$here/scripts/bootstrap.sh" "$here/.venv-dj52" "Django>=5.2,<5.3" "django-stubs<5.3") || status=1
-if [ -n "${dj52:-}" ]; then
-  "$dj52/bin/python" -c "import django; print('Django', django.get_version())"
-  env TASKCLAIM_TEST_DB=postgres "$dj52/bin/python" -m pytest -q -p no:randomly \
-    tests/test_claim.py tests/test_lifecycle.py tests/test_reaper.py tests/test_checks.py \
-    tests/test_postgres.py 2>&1 | tee "$logdir/django52.log"
-  rc=${PIPESTATUS[0]}; [ "$rc" -eq 0 ] || status=1
+if wanted django52; then
+  step "core suite on Django 5.2 LTS (virtualenv ${venv}-dj52)"
+  t=$SECONDS
+  if dj52=$(BOOTSTRAP_GROUP=test BOOTSTRAP_MYSQL=no "$here/scripts/bootstrap.sh" "${venv}-dj52" "Django>=5.2,<5.3"); then
+    "$dj52/bin/python" -c "import django; print('Django', django.get_version())"
+    took "setting up ${venv}-dj52" $((SECONDS - t))
+    DJ52_TESTS=(-q -p no:randomly)
+    if [ -n "${TASKCLAIM_TESTS:-}" ]; then
+      DJ52_TESTS+=("${sel[@]}")
+    else
+      DJ52_TESTS+=(tests/test_claim.py tests/test_lifecycle.py tests/test_reaper.py
+        tests/test_checks.py tests/test_postgres.py)
+    fi
+    run_pass django52 "$dj52/bin/python" TASKCLAIM_TEST_DB=postgres -- "${DJ52_TESTS[@]}"
+  else
+    record django52 failed "" $((SECONDS - t)) "the Django 5.2 virtualenv ${venv}-dj52 could not be set up (see above; pip needs the network the first time)"
+    took django52 $((SECONDS - t)) "FAILED: no virtualenv"
+  fi
 fi
 
-# One total line over every pytest run above.
-"$py" - "$logdir" <<'PY'
-import pathlib, re, sys
-tot = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
-for log in sorted(pathlib.Path(sys.argv[1]).glob("*.log")):
-    lines = [l for l in log.read_text(errors="replace").splitlines() if re.search(r"\d+ (passed|failed|skipped)", l)]
-    if not lines:
+# The table and the one total line, from the recorded exit codes and each log's summary.
+"$py" - "$results" "$logdir" $((SECONDS - started)) <<'PY'
+import re
+import sys
+from pathlib import Path
+
+results, logdir, elapsed = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+# pytest's last line: "12 passed, 3 skipped, 1 warning in 4.56s" / "no tests ran in 0.01s"
+SUMMARY = re.compile(
+    r"^=*\s*(?P<body>(?:\d+ [a-z]+(?:, )?)+|no tests ran)(?: in [\d.]+s(?: \([^)]*\))?)\s*=*$"
+)
+tot = {"passed": 0, "failed": 0, "skipped": 0}
+crashed, failed_other, skipped_passes = [], [], []
+print(f"\n=== summary (logs in {logdir})")
+rows = [line.split("\t") for line in results.read_text().splitlines()] if results.exists() else []
+for name, state, rc, secs, note in rows:
+    shown = f"  {name:<17}"
+    if state == "skipped":
+        skipped_passes.append(name)
+        print(f"{shown} {'SKIPPED':<8} {'':>6}   {note}")
         continue
-    for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", lines[-1]):
-        tot["error" if word.startswith("error") else word] += int(n)
+    if state in ("ok", "failed") and name == "lint":
+        if state == "failed":
+            failed_other.append("lint")
+        print(f"{shown} {'ok' if state == 'ok' else 'FAILED':<8} {secs:>4} s")
+        continue
+    if state == "failed":
+        failed_other.append(name)
+        tot["failed"] += 1
+        print(f"{shown} {'FAILED':<8} {secs:>4} s   {note} (counted as 1 failed)")
+        continue
+    code = int(rc)
+    log = logdir / f"{name}.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    found = [m for m in map(SUMMARY.match, text.splitlines()) if m]
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    if found:
+        for n, word in re.findall(r"(\d+) ([a-z]+)", found[-1]["body"]):
+            key = {"error": "failed", "errors": "failed"}.get(word, word)
+            if key in counts:
+                counts[key] += int(n)
+    for key in tot:
+        tot[key] += counts[key]
+    line = found[-1]["body"] if found else ""
+    if not found or (code not in (0, 5) and counts["failed"] == 0):
+        crashed.append(name)
+        tot["failed"] += 1
+        why = f"pytest exit code {code}" + ("" if found else ", no summary line")
+        print(f"{shown} {'CRASHED':<8} {secs:>4} s   {why}; counted as 1 failed (see {log})")
+    else:
+        verdict = "ok" if code in (0, 5) else "FAILED"
+        print(f"{shown} {verdict:<8} {secs:>4} s   {line}")
+notes = []
+if crashed:
+    notes.append(f"{len(crashed)} pass(es) crashed, each counted as 1 failed: {', '.join(crashed)}")
+if failed_other:
+    notes.append(f"failed: {', '.join(failed_other)}")
+if skipped_passes:
+    notes.append(f"passes skipped: {', '.join(skipped_passes)} (reason above)")
 print()
-print(f"total: {tot['passed']} passed, {tot['failed'] + tot['error']} failed, {tot['skipped']} skipped")
+print(
+    f"total: {tot['passed']} passed, {tot['failed']} failed, {tot['skipped']} skipped"
+    f" in {elapsed} s" + ("; " + "; ".join(notes) if notes else "")
+)
+sys.exit(1 if (tot["failed"] or failed_other or not rows) else 0)
 PY
-exit $status
