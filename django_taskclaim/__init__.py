@@ -43,6 +43,7 @@ _LAZY = {
     "ClaimManager": "django_taskclaim.querysets",
     "reap": "django_taskclaim.reaper",
     "ReapResult": "django_taskclaim.reaper",
+    "release_worker": "django_taskclaim.reaper",
     "claimable_models": "django_taskclaim.options",
     "get_options": "django_taskclaim.options",
     "run_task": "django_taskclaim.lifecycle",
@@ -101,6 +102,7 @@ __all__ = [
     "notify",
     "reap",
     "recover",
+    "release_worker",
     "run_task",
     "singleton",
 ]

@@ -23,6 +23,7 @@ page (``/admin/taskclaim/``), linked from the admin index.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -32,7 +33,6 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import models
 from django.db.models import Count, F, Q
-from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
@@ -42,8 +42,9 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
 from .conf import taskclaim_settings
+from .db import DbNow
 from .models import Lease, WorkerProcess
-from .monitoring import ModelStats, db_now, model_stats, snapshot
+from .monitoring import ModelStats, db_now, live_workers, model_stats
 from .options import ClaimOptions, claimable_models, get_options
 from .querysets import ClaimQuerySet, ClaimQuerySetMixin
 from .status import STATE_NAMES, Status
@@ -59,6 +60,9 @@ BADGE_COLOURS = {
     "cancelled": ("#e5e7eb", "#374151"),
 }
 NOW_ANNOTATION = "taskclaim_db_now"
+#: Ordering declared on ``status_badge``; each admin instance replaces it with the
+#: model's ``ClaimMeta.status_field``.
+DEFAULT_STATUS_ORDERING = "status"
 
 #: Names of the columns the mixin adds to ``list_display``.
 CLAIM_COLUMNS = (
@@ -165,9 +169,9 @@ class LeaseFilter(admin.SimpleListFilter):
     def queryset(self, request: HttpRequest, queryset: models.QuerySet) -> models.QuerySet:
         opts = get_options(queryset.model)
         if self.value() == "expired":
-            return queryset.filter(opts.status_q("processing"), locked_until__lt=Now())
+            return queryset.filter(opts.status_q("processing"), locked_until__lt=DbNow())
         if self.value() == "running":
-            return queryset.filter(opts.status_q("processing"), locked_until__gte=Now())
+            return queryset.filter(opts.status_q("processing"), locked_until__gte=DbNow())
         return queryset
 
 
@@ -243,6 +247,29 @@ class ClaimableAdminMixin:
                 if name != "taskclaim_cancel" or opts.statuses.get("cancelled") is not None
             ]
             self.actions = [*list(self.actions), *(n for n in ours if n not in self.actions)]
+        self._order_status_badge_by_status_field()
+
+    def _order_status_badge_by_status_field(self) -> None:
+        """Make the status column sort by the model's own status field.
+
+        ``@admin.display(ordering=...)`` is fixed when the class is defined, but the status
+        field is per model (``ClaimMeta.status_field``): a model whose status lives in
+        ``state`` would sort by a ``status`` it does not have (a 500). This instance gets
+        its own ``status_badge`` ordered by the real field, unless a subclass chose an
+        ordering of its own.
+        """
+        field = self.claim_options.status_field
+        method = self.status_badge
+        current = getattr(method, "admin_order_field", None)
+        if current == field or current not in (None, DEFAULT_STATUS_ORDERING):
+            return
+
+        @functools.wraps(method)
+        def status_badge(obj: Any) -> str:
+            return method(obj)
+
+        status_badge.admin_order_field = field  # type: ignore[attr-defined]
+        self.status_badge = status_badge  # type: ignore[method-assign]
 
     @property
     def claim_options(self) -> ClaimOptions:
@@ -253,7 +280,7 @@ class ClaimableAdminMixin:
     def get_queryset(self, request: HttpRequest) -> models.QuerySet:
         """The admin queryset, annotated with the database's ``now()`` for lease columns."""
         qs = super().get_queryset(request)  # type: ignore[misc]
-        return qs.annotate(**{NOW_ANNOTATION: Now()})
+        return qs.annotate(**{NOW_ANNOTATION: DbNow()})
 
     def _has(self, name: str) -> bool:
         need_of = {
@@ -323,7 +350,7 @@ class ClaimableAdminMixin:
             return db_now(obj._state.db or "default") if obj.pk else timezone.now()
         return value
 
-    @admin.display(description=_("status"), ordering="status")
+    @admin.display(description=_("status"), ordering=DEFAULT_STATUS_ORDERING)
     def status_badge(self, obj: Any) -> str:
         """Coloured badge of the row's logical state."""
         opts = self.claim_options
@@ -575,7 +602,9 @@ class ClaimableAdminMixin:
             legal=("processing",),
             rule=str(_("only processing tasks with an expired lease are reaped")),
             operation=lambda qs: qs.reap(batch_size=batch).total,
-            legal_filter=lambda qs: qs.filter(opts.status_q("processing"), locked_until__lt=Now()),
+            legal_filter=lambda qs: qs.filter(
+                opts.status_q("processing"), locked_until__lt=DbNow()
+            ),
         )
 
 
@@ -591,16 +620,39 @@ def _can_see(request: HttpRequest, model: type[models.Model]) -> bool:
     )
 
 
+def _model_admin(site: admin.AdminSite, model: type[models.Model]) -> Any:
+    return site._registry.get(model)
+
+
+def _may_view(request: HttpRequest, site: admin.AdminSite, model: type[models.Model]) -> bool:
+    model_admin = _model_admin(site, model)
+    if model_admin is not None:
+        return bool(model_admin.has_view_or_change_permission(request))
+    return _can_see(request, model)
+
+
 def dashboard_context(request: HttpRequest, site: admin.AdminSite | None = None) -> dict[str, Any]:
-    """Figures shown on the dashboard, limited to the models the user may view."""
+    """Figures shown on the dashboard, limited to what the user may see.
+
+    A model registered on ``site`` is shown when its ``ModelAdmin`` grants the view or
+    change permission, and its figures are computed over that admin's
+    ``get_queryset(request)``, so an admin that narrows its queryset (per tenant, per
+    owner) never shows counts of rows it hides. A claimable model not registered on
+    ``site`` is shown, over all its rows, to users with its view or change permission.
+    """
     site = site or _site_by_name(getattr(request, "current_app", None))
-    visible = [m for m in claimable_models() if _can_see(request, m)]
-    snap = snapshot(visible)
+    visible = sorted(
+        (m for m in claimable_models() if _may_view(request, site, m)),
+        key=lambda m: m._meta.label,
+    )
+    now = db_now()
     rows = []
-    for stats in snap.models:
-        model = next(m for m in visible if m._meta.label == stats.label)
+    for model in visible:
+        model_admin = _model_admin(site, model)
         url = ""
-        if model in site._registry:
+        if model_admin is not None:
+            queryset = model_admin.get_queryset(request)
+            stats = model_stats(model, using=queryset.db, queryset=queryset)
             try:
                 url = reverse(
                     f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist",
@@ -608,11 +660,13 @@ def dashboard_context(request: HttpRequest, site: admin.AdminSite | None = None)
                 )
             except NoReverseMatch:
                 url = ""
+        else:
+            stats = model_stats(model)
         rows.append(_dashboard_row(stats, url))
     can_see_workers = _can_see(request, WorkerProcess)
     workers = [
         {**w.as_dict(), "seen_ago_text": humanize_seconds(w.seen_ago)}
-        for w in (snap.workers if can_see_workers else [])
+        for w in (live_workers() if can_see_workers else [])
     ]
     try:
         workers_url = reverse("admin:taskclaim_workerprocess_changelist", current_app=site.name)
@@ -624,8 +678,8 @@ def dashboard_context(request: HttpRequest, site: admin.AdminSite | None = None)
         "taskclaim_workers": workers,
         "taskclaim_can_see_workers": can_see_workers,
         "taskclaim_workers_url": workers_url,
-        "taskclaim_now": snap.now,
-        "taskclaim_dead_after": taskclaim_settings.WORKER_DEAD_AFTER,
+        "taskclaim_now": now,
+        "taskclaim_dead_after": taskclaim_settings.WORKER_SILENT_AFTER,
     }
 
 
@@ -701,7 +755,7 @@ class _AliveFilter(admin.SimpleListFilter):
         ]
 
     def queryset(self, request: HttpRequest, queryset: models.QuerySet) -> models.QuerySet:
-        cutoff = Now() - timedelta(seconds=float(taskclaim_settings.WORKER_DEAD_AFTER))
+        cutoff = DbNow() - timedelta(seconds=float(taskclaim_settings.WORKER_SILENT_AFTER))
         if self.value() == "live":
             return queryset.filter(stopped_at__isnull=True, last_seen__gte=cutoff)
         if self.value() == "silent":
@@ -730,7 +784,7 @@ class WorkerProcessAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     search_fields = ("worker_id", "hostname")
 
     def get_queryset(self, request: HttpRequest) -> models.QuerySet:
-        return super().get_queryset(request).annotate(**{NOW_ANNOTATION: Now()})
+        return super().get_queryset(request).annotate(**{NOW_ANNOTATION: DbNow()})
 
     def get_urls(self) -> list[Any]:
         """Adds ``dashboard/`` (``admin:taskclaim_dashboard``) in front of the usual URLs."""
@@ -748,7 +802,7 @@ class WorkerProcessAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             return badge("cancelled", _("stopped"))
         now = getattr(obj, NOW_ANNOTATION, None) or timezone.now()
         silent = (now - obj.last_seen).total_seconds()
-        if silent > float(taskclaim_settings.WORKER_DEAD_AFTER):
+        if silent > float(taskclaim_settings.WORKER_SILENT_AFTER):
             return badge("failed", _("silent"))
         return badge("done", _("live"))
 
@@ -788,10 +842,10 @@ class LeaseAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         if not self.has_break_permission(request):
             raise PermissionDenied
         total = queryset.count()
-        held = queryset.filter(locked_until__gt=Now())
+        held = queryset.filter(locked_until__gt=DbNow())
         pks = list(held.values_list("pk", flat=True)[:10_000])
-        done = Lease.objects.filter(pk__in=pks, locked_until__gt=Now()).update(
-            locked_until=Now(), token=F("token") + 1
+        done = Lease.objects.filter(pk__in=pks, locked_until__gt=DbNow()).update(
+            locked_until=DbNow(), token=F("token") + 1
         )
         text = _("Break leases: %(done)s done, %(skipped)s skipped") % {
             "done": done,
@@ -802,7 +856,7 @@ class LeaseAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         self.message_user(request, text + ".", messages.SUCCESS if done else messages.WARNING)
 
     def get_queryset(self, request: HttpRequest) -> models.QuerySet:
-        return super().get_queryset(request).annotate(**{NOW_ANNOTATION: Now()})
+        return super().get_queryset(request).annotate(**{NOW_ANNOTATION: DbNow()})
 
     @admin.display(description=_("held"))
     def held(self, obj: Lease) -> str:

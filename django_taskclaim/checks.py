@@ -10,10 +10,15 @@
   :mod:`django_taskclaim.lock_checks`
 - W004 a claimable model has no processing entry point (``process`` / ``ClaimMeta.handler``)
 - E004 invalid ``TASKCLAIM_POOLER_MODE``
+- E005 a numeric ``TASKCLAIM_*`` setting is not a finite number within its bounds
+- E006 ``TASKCLAIM_HEARTBEAT_INTERVAL`` cannot keep some model's lease alive (it is not
+  under half that lease)
+- E007 a removed setting is still set (``TASKCLAIM_WORKER_DEAD_AFTER``)
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.conf import settings
@@ -37,6 +42,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="taskclaim.E001",
             )
         )
+    for name, why in taskclaim_settings.removed_names():
+        errors.append(checks.Error(f"{name} was removed.", hint=why, id="taskclaim.E007"))
+    errors.extend(_check_numbers())
     mode = taskclaim_settings.POOLER_MODE
     if mode not in (None, "session", "transaction"):
         errors.append(
@@ -62,6 +70,50 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return errors
 
 
+def _check_numbers() -> list[checks.CheckMessage]:
+    from .conf import BOUNDS, PREFIX
+
+    errors: list[checks.CheckMessage] = []
+    for name, (low, high) in BOUNDS.items():
+        value = getattr(taskclaim_settings, name)
+        if value is None and name == "HEARTBEAT_INTERVAL":
+            continue
+        whole = isinstance(low, int) and isinstance(high, int)
+        ok = (
+            not isinstance(value, bool)
+            and isinstance(value, int if whole else int | float)
+            and math.isfinite(value)
+            and low <= value <= high
+        )
+        if not ok:
+            what = "a whole number" if whole else "a number"
+            errors.append(
+                checks.Error(
+                    f"{PREFIX}{name} is {value!r}.",
+                    hint=f"Use {what} from {low:g} to {high:g} (see docs/settings.md).",
+                    id="taskclaim.E005",
+                )
+            )
+    return errors
+
+
+def _check_heartbeat(model: Any, lease: float) -> checks.CheckMessage | None:
+    beat = taskclaim_settings.HEARTBEAT_INTERVAL
+    if beat is None or isinstance(beat, bool) or not isinstance(beat, int | float):
+        return None
+    if beat >= lease / 2:
+        return checks.Error(
+            f"TASKCLAIM_HEARTBEAT_INTERVAL ({beat:g}s) is not under half the lease of "
+            f"{model._meta.label} ({lease:g}s): one late heartbeat would let a live "
+            "lease lapse and the task run twice.",
+            hint="Lower TASKCLAIM_HEARTBEAT_INTERVAL (or leave it None: a third of each "
+            "lease), or lengthen the lease.",
+            obj=model,
+            id="taskclaim.E006",
+        )
+    return None
+
+
 def _claim_index_present(model: Any, status_field: str) -> bool:
     for index in model._meta.indexes:
         names = [f.lstrip("-") for f in getattr(index, "fields", ())]
@@ -81,14 +133,17 @@ def check_models(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
             continue
         try:
             opts = get_options(model)
-            opts.lease  # noqa: B018 - validates the live options
-            opts.max_attempts  # noqa: B018
+            lease = opts.lease
+            opts.max_attempts  # noqa: B018 - validates the live options
             opts.retry_jitter  # noqa: B018
             opts.backoff(1)
             strategy = opts.strategy
         except TaskClaimError as exc:
             errors.append(checks.Error(str(exc), obj=model, id="taskclaim.E002"))
             continue
+        beat = _check_heartbeat(model, lease)
+        if beat is not None:
+            errors.append(beat)
         alias = router.db_for_write(model)
         if alias in connections:
             try:

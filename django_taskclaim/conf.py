@@ -34,7 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "POLL_INTERVAL": 1.0,  # seconds between polls when no notification arrives
     "ACK_WINDOW": 0.05,  # seconds a worker may hold completions to write them in one batch
     "HEARTBEAT_INTERVAL": None,  # seconds; None = a third of the lease
-    "WORKER_DEAD_AFTER": 60.0,  # a registered worker silent this long is dead
+    "WORKER_SILENT_AFTER": 60.0,  # shown as silent after this long; display only, never death
     "NOTIFY": True,  # PostgreSQL: NOTIFY workers when ready rows are committed
     "NOTIFY_CHANNEL": "taskclaim",
     # Locks / poolers
@@ -56,9 +56,41 @@ class TaskClaimSettings:
         known = [PREFIX + k for k in DEFAULTS]
         for name in dir(settings):
             if name.startswith(PREFIX) and name[len(PREFIX) :] not in DEFAULTS:
+                if name[len(PREFIX) :] in REMOVED:
+                    continue  # reported with its own message
                 close = difflib.get_close_matches(name, known, n=1)
                 found.append((name, close[0] if close else None))
         return found
 
+    def removed_names(self) -> list[tuple[str, str]]:
+        """``(name, what to do instead)`` for each removed ``TASKCLAIM_*`` setting set."""
+        return [(PREFIX + n, why) for n, why in REMOVED.items() if hasattr(settings, PREFIX + n)]
+
+
+#: Settings that existed once, with what to do instead (reported by ``taskclaim.E001``).
+REMOVED: dict[str, str] = {
+    "WORKER_DEAD_AFTER": (
+        "silence is no longer taken as death: a silent worker's rows wait for their lease "
+        "(or for its supervisor, or an operator, to release them). Use "
+        "TASKCLAIM_WORKER_SILENT_AFTER to say when the admin and stats show a worker as silent."
+    ),
+}
+
+#: Numeric settings: (low, high) bounds, inclusive, checked by ``taskclaim.E005``.
+BOUNDS: dict[str, tuple[float, float]] = {
+    "LEASE": (0.001, 30 * 24 * 3600.0),
+    "MAX_ATTEMPTS": (1, 1_000_000),
+    "RETRY_BACKOFF": (0.0, 365 * 24 * 3600.0),
+    "RETRY_BACKOFF_MAX": (0.0, 365 * 24 * 3600.0),
+    "RETRY_JITTER": (0.0, 1.0),
+    "CAS_CANDIDATES": (1, 10_000),
+    "DB_RETRIES": (0, 1000),
+    "REAP_BATCH": (1, 100_000),
+    "REAP_INTERVAL": (0.1, 24 * 3600.0),
+    "POLL_INTERVAL": (0.01, 3600.0),
+    "ACK_WINDOW": (0.0, 60.0),
+    "HEARTBEAT_INTERVAL": (0.01, 15 * 24 * 3600.0),
+    "WORKER_SILENT_AFTER": (1.0, 30 * 24 * 3600.0),
+}
 
 taskclaim_settings = TaskClaimSettings()

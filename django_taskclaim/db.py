@@ -13,7 +13,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from django.conf import settings
 from django.db import DatabaseError, connections
+from django.db.models.functions import Now
 
 from .conf import taskclaim_settings
 
@@ -23,6 +25,40 @@ logger = logging.getLogger("django_taskclaim.db")
 _PG_TRANSIENT = {"40001", "40P01"}
 # MySQL / MariaDB: ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT
 _MYSQL_TRANSIENT = {1213, 1205}
+
+
+#: The database clock as SQL, per vendor. MySQL/MariaDB: ``UTC_TIMESTAMP(6)``, not
+#: ``CURRENT_TIMESTAMP``/``NOW()``, which follow each session's ``time_zone`` and would put
+#: two sessions in different zones (or a server across a daylight-saving change) hours
+#: apart on the same ``DATETIME`` columns. Django stores aware datetimes as naive UTC there.
+NOW_SQL = {
+    "postgresql": "STATEMENT_TIMESTAMP()",
+    "mysql": "UTC_TIMESTAMP(6)",
+    "sqlite": "STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')",
+}
+
+
+def now_sql(connection: Any) -> str:
+    """The SQL of the database clock on ``connection`` (see :data:`NOW_SQL`).
+
+    For raw SQL: ``%`` is not escaped here; on SQLite double it when the string goes
+    through a DB-API ``execute`` with parameters.
+    """
+    if connection.vendor == "mysql" and not settings.USE_TZ:
+        return "CURRENT_TIMESTAMP(6)"  # naive datetimes are stored in the session's zone
+    return NOW_SQL.get(connection.vendor, "CURRENT_TIMESTAMP")
+
+
+class DbNow(Now):
+    """The database's clock, zone-proof: every lease, schedule and timestamp the library
+    writes or compares uses it (never a worker's clock, never a session-zone clock).
+
+    Same as Django's ``Now()`` except on MySQL/MariaDB, where it is ``UTC_TIMESTAMP(6)``
+    (with ``USE_TZ = True``): correct whatever ``time_zone`` a session has set.
+    """
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        return self.as_sql(compiler, connection, template=now_sql(connection), **extra_context)
 
 
 def in_user_atomic(using: str) -> bool:
@@ -76,6 +112,7 @@ def retry_transient[T](fn: Callable[[], T], using: str, *, what: str) -> T:
             time.sleep(pause)
 
 
-def default_worker_id() -> str:
-    """``host:pid`` — what ``locked_by`` records when no worker id is given."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+def default_worker_id(pid: int | None = None) -> str:
+    """``host:pid`` — what ``locked_by`` records when no worker id is given (``pid``
+    defaults to this process's)."""
+    return f"{socket.gethostname()}:{os.getpid() if pid is None else pid}"

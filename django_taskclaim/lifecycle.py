@@ -13,16 +13,15 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from asgiref.sync import async_to_sync
 from django.db import connections, models, router, transaction
 from django.db.models import F
 from django.db.models.expressions import Combinable, RawSQL
-from django.db.models.functions import Now
 
 from . import signals
-from .db import retry_transient
+from .db import DbNow, retry_transient
 from .exceptions import ClaimLost, ConfigurationError, Fail, Retry
 from .options import CLAIM_STATE_FIELDS, ClaimOptions, get_options
 
@@ -104,12 +103,59 @@ def complete(task: Any, **fields: Any) -> None:
     _check_fields(opts, task, fields)
     updates: dict[str, Any] = {"locked_until": None, **fields}
     if opts.has("finished_at"):
-        updates["finished_at"] = Now()
+        updates["finished_at"] = DbNow()
     _fenced_update(task, "done", updates)
     signals.task_completed.send(sender=type(task), task=task)
 
 
 COMPLETE_MANY_CHUNK = 500
+
+#: Attribute holding a deferred completion's result fields and callback on a task
+#: instance, between :func:`run_task` (with ``defer``) and :func:`complete_many`.
+PENDING_ATTR = "_taskclaim_pending"
+
+
+class BatchableResult(dict[str, Any]):
+    """Result fields a handler lets the worker write together with other completions.
+
+    A handler's returned mapping is normally written at once, in the completion's own
+    fenced UPDATE. Returned as a ``BatchableResult``, the fields may wait in the worker's
+    acknowledgement window (``--ack-window``) and be written with other tasks' results
+    in one fenced UPDATE by :func:`complete_many` — the same at-least-once contract as a
+    handler that returns nothing. Only plain values are batched: a result holding an
+    ORM expression is written at once, on its own. ``on_written`` (if given) is called
+    once the fields are written (for instance to send a "finished" signal).
+    """
+
+    def __init__(
+        self, fields: Mapping[str, Any], *, on_written: Callable[[], None] | None = None
+    ) -> None:
+        super().__init__(fields)
+        self.on_written = on_written
+
+
+def _pending(task: Any) -> tuple[dict[str, Any], Callable[[], None] | None]:
+    """The deferred result fields and callback of ``task`` (kept until written: a write
+    retried after a lost connection must carry them again)."""
+    fields, after = task.__dict__.get(PENDING_ATTR) or ({}, None)
+    return dict(fields), after
+
+
+def complete_pending(task: Any) -> None:
+    """Complete one deferred task on its own, with the result fields it was deferred
+    with (the fallback when a batched write cannot be used)."""
+    fields, after = _pending(task)
+    try:
+        complete(task, **fields)
+    except ClaimLost:
+        task.__dict__.pop(PENDING_ATTR, None)
+        raise
+    task.__dict__.pop(PENDING_ATTR, None)
+    if after is not None:
+        after()
+
+
+_complete_task = complete
 
 
 def complete_many(tasks: Iterable[Any]) -> list[Any]:
@@ -117,9 +163,11 @@ def complete_many(tasks: Iterable[Any]) -> list[Any]:
 
     Each row is written only if it still carries the claim token its instance holds
     (``pk = ? AND version = ?`` for every task, ``status = processing``) — the same
-    guarantee as :func:`complete`, without the result fields. Returns the tasks whose
-    claim was lost (nothing was written for them); the others are ``done`` with their
-    instances updated, and ``task_completed`` is sent for each.
+    guarantee as :func:`complete`. Result fields deferred by :func:`run_task` (a
+    :class:`BatchableResult`) are written in the same statement, each row its own
+    values. Returns the tasks whose claim was lost (nothing was written for them); the
+    others are ``done`` with their instances updated, and ``task_completed`` is sent for
+    each.
     """
     groups: dict[tuple[type[models.Model], str], list[Any]] = {}
     for task in tasks:
@@ -134,17 +182,32 @@ def complete_many(tasks: Iterable[Any]) -> list[Any]:
 def _tokens_match(model: type[models.Model], using: str, tokens: dict[Any, int]) -> RawSQL:
     """``(pk, version) IN ((%s, %s), …)``: a row-value comparison (standard SQL, supported
     by PostgreSQL, MySQL/MariaDB and SQLite) that the ORM has no public way to say; it
-    compiles once per batch instead of a hundred ``OR``-ed ``Q`` objects."""
-    qn = connections[using].ops.quote_name
+    compiles once per batch instead of a hundred ``OR``-ed ``Q`` objects.
+
+    The parameters bypass the ORM's lookups, so each is converted here exactly as a
+    lookup would: ``get_db_prep_value`` of its field (a UUID primary key is a 32-digit
+    hex string on databases without a native UUID type, for instance)."""
+    connection = connections[using]
+    qn = connection.ops.quote_name
     table = qn(model._meta.db_table)
-    pk_column = getattr(model._meta.pk, "column", None)
-    version_column = getattr(model._meta.get_field("version"), "column", None)
-    if not pk_column or not version_column:
+    pk_field = model._meta.pk
+    version_field = model._meta.get_field("version")
+    pk_column = getattr(pk_field, "column", None)
+    version_column = getattr(version_field, "column", None)
+    if (
+        not isinstance(pk_field, models.Field)
+        or not isinstance(version_field, models.Field)
+        or not pk_column
+        or not version_column
+    ):
         raise ConfigurationError(f"{model._meta.label} needs concrete pk and version columns")
     pk = f"{table}.{qn(pk_column)}"
     version = f"{table}.{qn(version_column)}"
     pairs = ", ".join(["(%s, %s)"] * len(tokens))
-    params = [value for pair in tokens.items() for value in pair]
+    params: list[Any] = []
+    for key, token in tokens.items():
+        params.append(pk_field.get_db_prep_value(key, connection))
+        params.append(version_field.get_db_prep_value(token, connection))
     return RawSQL(f"({pk}, {version}) IN ({pairs})", params, output_field=models.BooleanField())
 
 
@@ -156,17 +219,24 @@ def _complete_chunk(model: type[models.Model], using: str, tasks: list[Any]) -> 
         "locked_until": None,
     }
     if opts.has("finished_at"):
-        values["finished_at"] = Now()
+        values["finished_at"] = DbNow()
     tokens = {t.pk: t.version for t in tasks}
     if len(tokens) != len(tasks):
         raise ValueError("complete_many() got the same row twice")
     base = model._base_manager.using(using)
-    if connections[using].vendor == "postgresql":
+    pending = {t.pk: _pending(t) for t in tasks}
+    # Deferred result fields: plain values, checked by run_task when it deferred them.
+    results = {pk: f for pk, (f, _a) in pending.items()}
+    if (
+        connections[using].vendor == "postgresql"
+        and len({tuple(sorted(f)) for f in results.values()}) == 1  # the usual: one handler
+    ):
         from .strategies import pg_complete_many
 
         def write() -> int:
-            return pg_complete_many(model, using, opts, tokens)
+            return pg_complete_many(model, using, opts, tokens, results)
     else:
+        values.update(_per_row_values(model, tasks, results, using))
         target = (
             base.filter(pk__in=list(tokens))
             .filter(_tokens_match(model, using, tokens))
@@ -190,6 +260,8 @@ def _complete_chunk(model: type[models.Model], using: str, tasks: list[Any]) -> 
         won = [t for t in tasks if now.get(t.pk) == t.version + 1]
     won_pks = {t.pk for t in won}
     lost = [t for t in tasks if t.pk not in won_pks]
+    for task in tasks:
+        task.__dict__.pop(PENDING_ATTR, None)  # written, or lost for good
     for task in lost:
         logger.warning(
             "claim lost model=%s pk=%s token=%s write=done: nothing was written",
@@ -204,8 +276,48 @@ def _complete_chunk(model: type[models.Model], using: str, tasks: list[Any]) -> 
         task.locked_until = None
         if opts.has("finished_at"):
             task.__dict__.pop("finished_at", None)  # the database clock's; loaded on access
+        fields, after = pending[task.pk]
+        for name, value in fields.items():
+            attname = task._meta.get_field(name).attname
+            if isinstance(value, Combinable | models.Expression):
+                task.__dict__.pop(attname, None)
+            else:
+                setattr(task, attname, value)
         signals.task_completed.send(sender=model, task=task)
+        if after is not None:
+            after()
     return lost
+
+
+def _per_row_values(
+    model: type[models.Model],
+    tasks: list[Any],
+    fields: dict[Any, dict[str, Any]],
+    using: str,
+) -> dict[str, RawSQL]:
+    """``field = CASE pk WHEN … THEN <that row's value> … ELSE field END`` for every
+    result field some task of the chunk carries: one statement, each row its own values.
+    Values are plain (see :class:`BatchableResult`), prepared by their field."""
+    names = sorted({name for f in fields.values() for name in f})
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    table = qn(model._meta.db_table)
+    pk_field = cast(models.Field, model._meta.pk)
+    pk_column = f"{table}.{qn(str(pk_field.column))}"
+    out: dict[str, RawSQL] = {}
+    for name in names:
+        field = cast(models.Field, model._meta.get_field(name))
+        params: list[Any] = []
+        for task in tasks:
+            if name in fields[task.pk]:
+                params.append(pk_field.get_db_prep_value(task.pk, connection))
+                params.append(field.get_db_prep_save(fields[task.pk][name], connection))
+        branches = " ".join(["WHEN %s THEN %s"] * (len(params) // 2))
+        column = f"{table}.{qn(str(field.column))}"
+        out[name] = RawSQL(
+            f"CASE {pk_column} {branches} ELSE {column} END", params, output_field=field
+        )
+    return out
 
 
 def fail(task: Any, error: BaseException | str = "", **fields: Any) -> None:
@@ -214,7 +326,7 @@ def fail(task: Any, error: BaseException | str = "", **fields: Any) -> None:
     _check_fields(opts, task, fields)
     updates: dict[str, Any] = {"locked_until": None, **fields}
     if opts.has("finished_at"):
-        updates["finished_at"] = Now()
+        updates["finished_at"] = DbNow()
     if opts.has("last_error"):
         updates["last_error"] = format_error(error or "failed")
     _fenced_update(task, "failed", updates)
@@ -242,7 +354,7 @@ def retry(
         updates["last_error"] = format_error(error)
     if task.attempts >= opts.max_attempts:
         if opts.has("finished_at"):
-            updates["finished_at"] = Now()
+            updates["finished_at"] = DbNow()
         if opts.has("last_error"):
             updates["last_error"] = (
                 f"gave up after {task.attempts} attempt(s) (max_attempts={opts.max_attempts})"
@@ -253,7 +365,7 @@ def retry(
         return "failed"
     wait = opts.backoff(task.attempts) if delay is None else float(delay)
     if opts.has("run_after"):
-        updates["run_after"] = Now() + timedelta(seconds=wait) if wait > 0 else None
+        updates["run_after"] = DbNow() + timedelta(seconds=wait) if wait > 0 else None
     _fenced_update(task, "ready", updates)
     signals.task_failed.send(sender=type(task), task=task, error=error, final=False)
     return "ready"
@@ -270,31 +382,62 @@ def extend_lease(task: Any, seconds: float | timedelta | None = None) -> None:
 
     opts = get_options(task)
     lease = validate_lease(opts.lease if seconds is None else seconds)
-    _fenced_update(task, "", {"locked_until": Now() + timedelta(seconds=lease)}, bump=False)
+    _fenced_update(task, "", {"locked_until": DbNow() + timedelta(seconds=lease)}, bump=False)
 
 
 @contextmanager
-def fenced(task: Any, *, using: str | None = None) -> Iterator[None]:
-    """Transaction that re-checks and locks the claim first; see ``ClaimableMixin.fenced``."""
+def fenced(task: Any, *, using: str | None = None, complete: bool = False) -> Iterator[None]:
+    """Transaction that re-checks and locks the claim first; see ``ClaimableMixin.fenced``.
+
+    With ``complete=True``, leaving the block normally completes the task inside the same
+    transaction (unless the block already finished it). If the block raises, everything
+    rolls back and the task's in-memory state is put back as it was on entry.
+    """
     opts = get_options(task)
     using = using or _db(task)
-    with transaction.atomic(using=using):
-        # A no-op UPDATE both re-checks the token and takes the row's write lock
-        # (on SQLite, the database write lock) until this transaction ends.
-        hit = (
-            type(task)
-            ._base_manager.using(using)
-            .filter(pk=task.pk, version=task.version)
-            .filter(opts.status_q("processing"))
-            .update(locked_until=F("locked_until"))
-        )
-        if hit != 1:
-            raise ClaimLost(
-                f"{opts.label} pk={task.pk}: claim token {task.version} is no longer "
-                "current; the fenced block did not run",
-                task=task,
+    saved = dict(task.__dict__)
+    try:
+        with transaction.atomic(using=using):
+            # A no-op UPDATE both re-checks the token and takes the row's write lock
+            # (on SQLite, the database write lock) until this transaction ends.
+            hit = (
+                type(task)
+                ._base_manager.using(using)
+                .filter(pk=task.pk, version=task.version)
+                .filter(opts.status_q("processing"))
+                .update(locked_until=F("locked_until"))
             )
-        yield
+            if hit != 1:
+                raise ClaimLost(
+                    f"{opts.label} pk={task.pk}: claim token {task.version} is no longer "
+                    "current; the fenced block did not run",
+                    task=task,
+                )
+            yield
+            if complete and opts.state_of(getattr(task, opts.status_field)) == "processing":
+                _complete_task(task)  # ``complete`` is the flag's name here
+    except BaseException:
+        # Rolled back: nothing the block wrote (a complete() included) happened.
+        task.__dict__.clear()
+        task.__dict__.update(saved)
+        raise
+
+
+def _run_atomic(task: Any, handler: Callable[[Any], Any]) -> Any:
+    """``ClaimMeta.atomic``: the handler and the completion (with the result fields it
+    returns) in one fenced transaction. Raises whatever the handler raised, after the
+    rollback; a result the model cannot store rolls back too (``ValueError``)."""
+    opts = get_options(task)
+    with fenced(task):
+        if inspect.iscoroutinefunction(handler):
+            result = async_to_sync(handler)(task)
+        else:
+            result = handler(task)
+        if opts.state_of(getattr(task, opts.status_field)) == "processing":
+            fields = dict(result) if isinstance(result, Mapping) else {}
+            _check_fields(opts, task, fields)
+            complete(task, **fields)
+    return result
 
 
 def run_task(
@@ -314,8 +457,9 @@ def run_task(
     overwrites the new holder. Outcomes: ``done``, ``ready`` (retry), ``failed``,
     ``lost``, or the state the handler left the row in.
 
-    With ``defer``, a handler that returns no result fields does not complete the row
-    here: ``defer(task)`` is called instead and ``"deferred"`` returned, and the caller
+    With ``defer``, a handler that returns no result fields (or a
+    :class:`BatchableResult`) does not complete the row here: ``defer(task)`` is called
+    instead and ``"deferred"`` returned, and the caller
     must complete it (e.g. with :func:`complete_many`, batching acknowledgements).
     """
     opts = get_options(task)
@@ -328,7 +472,9 @@ def run_task(
             )
     outcome: tuple[str, float | None, BaseException | str]
     try:
-        if inspect.iscoroutinefunction(handler):
+        if opts.atomic:
+            result = _run_atomic(task, handler)
+        elif inspect.iscoroutinefunction(handler):
             result = async_to_sync(handler)(task)
         else:
             result = handler(task)
@@ -354,18 +500,25 @@ def run_task(
         if state != "processing":
             return state or "unknown"  # the handler finished the row itself
         fields = dict(result) if isinstance(result, Mapping) else {}
+        batchable = isinstance(result, BatchableResult) and not any(
+            isinstance(v, Combinable | models.Expression) for v in fields.values()
+        )
         try:
             _check_fields(opts, task, fields)
         except ValueError as exc:  # the handler returned fields the model cannot store
             outcome = ("retry", None, exc)
         else:
-            if defer is not None and not fields:
+            if defer is not None and (batchable or not fields):
+                if batchable:
+                    task.__dict__[PENDING_ATTR] = (fields, result.on_written)
                 defer(task)
                 return "deferred"
             try:
                 task.complete(**fields)
             except ClaimLost:
                 return "lost"
+            if isinstance(result, BatchableResult) and result.on_written is not None:
+                result.on_written()
             return "done"
     try:
         kind, delay, error = outcome

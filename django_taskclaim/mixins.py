@@ -14,10 +14,10 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
-from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from .db import DbNow
 from .options import CLAIM_STATE_FIELDS
 from .querysets import ClaimQuerySet
 from .status import Status
@@ -71,7 +71,7 @@ class ScheduleFieldsMixin(models.Model):
 class TimestampFieldsMixin(models.Model):
     """Adds ``created_at`` (database clock; the FIFO key) and ``finished_at``."""
 
-    created_at = models.DateTimeField(_("created at"), db_default=Now(), editable=False)
+    created_at = models.DateTimeField(_("created at"), db_default=DbNow(), editable=False)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True, editable=False)
 
     class Meta:
@@ -175,17 +175,24 @@ class ClaimableMixin(models.Model):
         lifecycle.extend_lease(self, seconds)
 
     @contextmanager
-    def fenced(self, *, using: str | None = None) -> Iterator[None]:
+    def fenced(self, *, using: str | None = None, complete: bool = False) -> Iterator[None]:
         """A transaction that commits only while this worker still holds the claim.
 
         On entry the row is re-checked and row-locked inside a new transaction; if the
         claim was lost, :class:`ClaimLost` is raised before the block runs. The reaper
         and other writers wait for the lock, so writes made in the block (to any table)
         commit only if the claim was still held.
+
+        ``complete=True`` makes the block exactly-once: leaving it normally also marks
+        the task ``done`` in the same transaction (unless the block finished it itself),
+        so its writes and the completion commit together or not at all. Without it, the
+        writes commit at the end of the block and the completion comes later: a crash in
+        between runs the task again and repeats them (at least once). If the block
+        raises, nothing it wrote commits and the task object is as it was on entry.
         """
         from . import lifecycle
 
-        with lifecycle.fenced(self, using=using):
+        with lifecycle.fenced(self, using=using, complete=complete):
             yield
 
     @property

@@ -7,9 +7,9 @@ and are re-exported here, so ``from django_taskclaim.models import ClaimableMode
 from __future__ import annotations
 
 from django.db import models
-from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
+from .db import DbNow
 from .mixins import (
     ClaimableMixin,
     ClaimableModel,
@@ -46,7 +46,7 @@ class Lease(models.Model):
     owner = models.CharField(_("owner"), max_length=255)
     token = models.BigIntegerField(_("fencing token"), default=1, db_default=1)
     locked_until = models.DateTimeField(_("locked until"))
-    acquired_at = models.DateTimeField(_("acquired at"), db_default=Now())
+    acquired_at = models.DateTimeField(_("acquired at"), db_default=DbNow())
 
     class Meta:
         verbose_name = _("lease lock")
@@ -63,8 +63,8 @@ class WorkerProcess(models.Model):
     worker_id = models.CharField(_("worker id"), max_length=255, unique=True)
     hostname = models.CharField(_("host"), max_length=255)
     pid = models.PositiveIntegerField(_("pid"))
-    started_at = models.DateTimeField(_("started at"), db_default=Now())
-    last_seen = models.DateTimeField(_("last heartbeat"), db_default=Now())
+    started_at = models.DateTimeField(_("started at"), db_default=DbNow())
+    last_seen = models.DateTimeField(_("last heartbeat"), db_default=DbNow())
     stopped_at = models.DateTimeField(_("stopped at"), null=True, blank=True)
     model_labels = models.JSONField(_("models"), default=list, blank=True)
     concurrency = models.PositiveIntegerField(_("threads"), default=1)

@@ -15,10 +15,10 @@ from typing import Any
 
 from django.db import connections, models, router
 from django.db.models import Count, Min, Q
-from django.db.models.functions import Now
 from django.utils.dateparse import parse_datetime
 
 from .conf import taskclaim_settings
+from .db import NOW_SQL, DbNow, now_sql
 from .exceptions import ConfigurationError
 from .options import claimable_models, get_options
 from .status import TERMINAL_STATES
@@ -38,13 +38,9 @@ def db_now(using: str = "default") -> datetime:
     from django.utils import timezone
 
     conn = connections[using]
-    sql = {
-        "postgresql": "SELECT CURRENT_TIMESTAMP",
-        "mysql": "SELECT UTC_TIMESTAMP(6)",
-        "sqlite": "SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')",
-    }.get(conn.vendor)
-    if sql is None:  # pragma: no cover - other vendors
+    if conn.vendor not in NOW_SQL:  # pragma: no cover - other vendors
         return timezone.now()
+    sql = f"SELECT {now_sql(conn)}"
     with conn.cursor() as cursor:
         cursor.execute(sql)
         value = cursor.fetchone()[0]
@@ -133,12 +129,12 @@ def model_stats(
         state = opts.state_of(row[opts.status_field])
         if state is not None:
             counts[state] += row["n"]
-    expired = qs.filter(opts.status_q("processing"), locked_until__lt=Now()).count()
+    expired = qs.filter(opts.status_q("processing"), locked_until__lt=DbNow()).count()
     oldest: float | None = None
     if opts.has("created_at") and counts.get("ready"):
         ready = qs.filter(opts.status_q("ready"))
         if opts.has("run_after"):
-            ready = ready.filter(Q(run_after__isnull=True) | Q(run_after__lte=Now()))
+            ready = ready.filter(Q(run_after__isnull=True) | Q(run_after__lte=DbNow()))
         first = ready.aggregate(first=Min("created_at"))["first"]
         if first is not None:
             oldest = max(0.0, (db_now(db) - first).total_seconds())
@@ -146,7 +142,7 @@ def model_stats(
     for minutes in THROUGHPUT_WINDOWS:
         if opts.has("finished_at"):
             done_last[minutes] = qs.filter(
-                opts.status_q("done"), finished_at__gte=Now() - timedelta(minutes=minutes)
+                opts.status_q("done"), finished_at__gte=DbNow() - timedelta(minutes=minutes)
             ).count()
         else:
             done_last[minutes] = None
@@ -162,13 +158,13 @@ def model_stats(
 
 
 def live_workers(using: str | None = None) -> list[WorkerInfo]:
-    """Registered workers not stopped and heard from within ``TASKCLAIM_WORKER_DEAD_AFTER``."""
+    """Registered workers not stopped and heard from within ``TASKCLAIM_WORKER_SILENT_AFTER``."""
     from .models import WorkerProcess
 
     db = using or router.db_for_read(WorkerProcess)
-    dead_after = float(taskclaim_settings.WORKER_DEAD_AFTER)
+    dead_after = float(taskclaim_settings.WORKER_SILENT_AFTER)
     rows = WorkerProcess.objects.using(db).filter(
-        stopped_at__isnull=True, last_seen__gte=Now() - timedelta(seconds=dead_after)
+        stopped_at__isnull=True, last_seen__gte=DbNow() - timedelta(seconds=dead_after)
     )
     now = db_now(db)
     return [
@@ -250,7 +246,7 @@ def prune(
     if batch_size < 1:
         raise ConfigurationError(f"batch_size must be >= 1, got {batch_size}")
     db = using or router.db_for_write(model)
-    cond = opts.status_q(*mapped) & Q(finished_at__lt=Now() - older_than)
+    cond = opts.status_q(*mapped) & Q(finished_at__lt=DbNow() - older_than)
     scope = model._base_manager.using(db).filter(cond)
     if dry_run:
         return scope.count()

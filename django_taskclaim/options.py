@@ -16,6 +16,7 @@ at call time. :func:`get_options` resolves and validates them.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ _LIVE = {
     "strategy": "STRATEGY",
     "notify": "NOTIFY",
 }
-_STATIC = ("ordering", "handler", "status_field", "statuses")
+_STATIC = ("ordering", "handler", "status_field", "statuses", "atomic")
 _ALLOWED = set(_LIVE) | set(_STATIC)
 
 
@@ -65,6 +66,8 @@ def _seconds(value: Any, name: str, *, allow_zero: bool = False) -> float:
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigurationError(f"{name} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
     if value < 0 or (value == 0 and not allow_zero):
         raise ConfigurationError(f"{name} must be > 0 seconds, got {value!r}")
     return float(value)
@@ -191,6 +194,17 @@ class ClaimOptions:
     def ordering(self) -> tuple[str, ...]:
         return self._s.ordering
 
+    @property
+    def atomic(self) -> bool:
+        """``ClaimMeta.atomic``: run the handler and write the completion in one fenced
+        transaction, so the handler's database writes commit exactly when the task does."""
+        value = getattr(self._s.meta, "atomic", False)
+        if not isinstance(value, bool):
+            raise ConfigurationError(
+                f"{self.label} ClaimMeta.atomic must be True or False, got {value!r}"
+            )
+        return value
+
     def has(self, field: str) -> bool:
         """Whether the model has the optional bookkeeping field ``field``."""
         return field in self._s.fields
@@ -221,7 +235,16 @@ class ClaimOptions:
 
     @property
     def lease(self) -> float:
-        return _seconds(self._get("lease"), f"{self.label} lease")
+        """Seconds a claim holds a row: finite, above 0, at most 30 days."""
+        from .strategies import MAX_LEASE
+
+        value = _seconds(self._get("lease"), f"{self.label} lease")
+        if not value <= MAX_LEASE:
+            raise ConfigurationError(
+                f"{self.label} lease must be at most {MAX_LEASE:g} seconds (30 days), "
+                f"got {value!r}; heartbeats keep longer tasks alive"
+            )
+        return value
 
     @property
     def max_attempts(self) -> int:

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, Self
 
 from asgiref.sync import sync_to_async
 from django.db import models
-from django.db.models import Count, F, Q
-from django.db.models.functions import Now
+from django.db.models import Count, F, Q, Value
+from django.db.models.functions import Coalesce, Concat
 
 from . import signals
-from .db import default_worker_id, in_user_atomic, retry_transient
+from .db import DbNow, default_worker_id, in_user_atomic, retry_transient
 from .exceptions import ClaimInTransactionError, ConfigurationError
 from .options import ClaimOptions, get_options
 from .strategies import resolve, validate_lease
@@ -48,6 +48,7 @@ def _plain_key(qs: Any, strategy: str) -> tuple[Any, ...] | None:
         or query.distinct
         or query.combinator
         or query.select_for_update
+        or query.deferred_loading != (frozenset(), True)  # only() / defer()
     ):
         return None
     return (type(qs), qs.model, qs.db, strategy)
@@ -97,7 +98,7 @@ class ClaimQuerySetMixin(_QuerySetBase):
         opts = self.claim_options
         qs = self._qs().filter(opts.status_q("ready"))
         if opts.has("run_after"):
-            qs = qs.filter(Q(run_after__isnull=True) | Q(run_after__lte=Now()))
+            qs = qs.filter(Q(run_after__isnull=True) | Q(run_after__lte=DbNow()))
         return qs  # type: ignore[return-value]
 
     def ready(self) -> Self:
@@ -110,7 +111,7 @@ class ClaimQuerySetMixin(_QuerySetBase):
 
     def expired(self) -> Self:
         """``processing`` rows whose lease ended before the database's ``now()``."""
-        return self.processing().filter(locked_until__lt=Now())
+        return self.processing().filter(locked_until__lt=DbNow())
 
     def done(self) -> Self:
         return self.in_state("done")
@@ -207,7 +208,7 @@ class ClaimQuerySetMixin(_QuerySetBase):
         base = self.model._base_manager.using(self.db)
         fenced = base.filter(cond).filter(opts.status_q("processing"))
         n = retry_transient(
-            lambda: fenced.update(locked_until=Now() + timedelta(seconds=lease)),
+            lambda: fenced.update(locked_until=DbNow() + timedelta(seconds=lease)),
             self.db,
             what="extend leases",
         )
@@ -287,10 +288,21 @@ class ClaimQuerySetMixin(_QuerySetBase):
         return self._transition(states, "ready", extra, batch_size=batch_size)
 
     def release(self, *, batch_size: int | None = None) -> int:
-        """Take ``processing`` rows back from their holders (who are fenced); ``ready`` now."""
-        return self._transition(
-            ["processing"], "ready", {"locked_until": None}, batch_size=batch_size
-        )
+        """Take ``processing`` rows back from their holders (who are fenced); ``ready`` now.
+
+        An operator's tool, whatever the leases: a holder that is still running its task
+        body keeps running it while another worker may start the row again. Released
+        rows are marked recovered (``locked_until`` kept), so workers run each alone, and
+        ``last_error`` names the worker they were taken from.
+        """
+        opts = self.claim_options
+        extra: dict[str, Any] = {}
+        if opts.has("last_error"):
+            holder = Coalesce(F("locked_by"), Value("?")) if opts.has("locked_by") else Value("?")
+            extra["last_error"] = Concat(
+                Value("released from worker "), holder, output_field=models.TextField()
+            )
+        return self._transition(["processing"], "ready", extra, batch_size=batch_size)
 
     def cancel(self, *, batch_size: int | None = None) -> int:
         """Cancel ``ready`` and ``processing`` rows; holders are fenced. Needs a cancelled state."""
@@ -299,7 +311,7 @@ class ClaimQuerySetMixin(_QuerySetBase):
             raise ConfigurationError(f"{opts.label} maps no 'cancelled' status")
         extra: dict[str, Any] = {"locked_until": None}
         if opts.has("finished_at"):
-            extra["finished_at"] = Now()
+            extra["finished_at"] = DbNow()
         return self._transition(["ready", "processing"], "cancelled", extra, batch_size=batch_size)
 
     def reap(self, **kwargs: Any) -> ReapResult:

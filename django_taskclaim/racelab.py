@@ -24,9 +24,8 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, models, transaction
 from django.db.models import F
-from django.db.models.functions import Now
 
-from .db import is_transient
+from .db import DbNow, is_transient
 from .exceptions import ClaimLost
 from .mixins import ClaimableModel, claim_indexes
 from .strategies import STRATEGIES
@@ -270,14 +269,14 @@ class LeaseLockTable(_LockThenCheck):
 
     def acquire(self, ctx: Context, pk: int) -> bool:
         leases = LabLease._default_manager.using(ctx.using)
-        until = Now() + timedelta(seconds=self.ttl)
+        until = DbNow() + timedelta(seconds=self.ttl)
         try:
             with transaction.atomic(using=ctx.using):
                 leases.create(key=f"task:{pk}", owner=ctx.worker, locked_until=until)
             return True
         except IntegrityError:
             ctx.retried += 1
-        taken = leases.filter(key=f"task:{pk}", locked_until__lt=Now()).update(
+        taken = leases.filter(key=f"task:{pk}", locked_until__lt=DbNow()).update(
             owner=ctx.worker, locked_until=until
         )
         return taken == 1

@@ -1,9 +1,20 @@
-"""Recovery of rows stuck in ``processing`` after a crash: ``reap()``.
+"""Recovery of rows whose holder lost them: ``reap()`` and ``release_worker()``.
 
-Each batch is two bounded UPDATEs whose conditions (``processing``, lease before the
-database's ``now()``) are re-checked inside the UPDATE itself — never a SELECT followed by
-an UPDATE by id alone — so a row a worker completes or re-leases meanwhile is left alone.
-The token is bumped, fencing the old holder.
+A row is taken back from its holder in exactly two cases (NO EARLY RE-RUN):
+
+- its lease ended before the database's ``now()`` (:func:`reap`), or
+- its holder is *proven* dead (:func:`release_worker`): the ``--processes`` supervisor saw
+  the worker process exit, or an operator says so explicitly. Silence (a missed
+  heartbeat, a paused process) is never proof, and nothing here acts on it.
+
+Each batch is two bounded UPDATEs whose conditions (``processing``, and the lease or the
+holder) are re-checked inside the UPDATE itself — never a SELECT followed by an UPDATE by
+id alone — so a row a worker completes or re-leases meanwhile is left alone. The token is
+bumped, fencing the old holder. A row whose attempts are used up ends ``failed``; the
+others go back to ``ready`` *marked recovered*: ``locked_until`` keeps the end of the lost
+lease (a ``ready`` row otherwise has none). The worker runs a recovered row alone, after
+its batch-mates are settled, so a task that kills its worker is charged its attempts
+while the tasks claimed with it are not dead-lettered for it.
 """
 
 from __future__ import annotations
@@ -16,10 +27,10 @@ from typing import Any
 
 from django.db import models, router
 from django.db.models import F, Q, Value
-from django.db.models.functions import Coalesce, Concat, Now
+from django.db.models.functions import Coalesce, Concat
 
 from . import signals
-from .db import retry_transient
+from .db import DbNow, retry_transient
 from .options import claimable_models, get_options
 
 logger = logging.getLogger("django_taskclaim.reaper")
@@ -52,8 +63,9 @@ def reap_queryset(
     held_by: Iterable[str] | None = None,
     dry_run: bool = False,
     max_batches: int | None = None,
+    reason: str | None = None,
 ) -> ReapResult:
-    """Recover the stuck rows of ``qs``; see :func:`reap`."""
+    """Recover the stuck rows of ``qs``; see :func:`reap` and :func:`release_worker`."""
     from .conf import taskclaim_settings
 
     opts = get_options(qs.model)
@@ -67,10 +79,12 @@ def reap_queryset(
         if not opts.has("locked_by"):
             raise ValueError(f"{opts.label} has no locked_by field; cannot reap by holder")
         stuck &= Q(locked_by__in=holders)
-        why = "worker {} was found dead"
+        why = reason or "released from worker {}"
     else:
-        stuck &= Q(locked_until__lt=Now())
-        why = "lease expired; held by {}"
+        stuck &= Q(locked_until__lt=DbNow())
+        why = reason or "lease expired; held by {}"
+    if "{}" not in why:
+        why += " (held by {})"
     scope = qs.filter(stuck)
     result = ReapResult()
     if dry_run:
@@ -79,16 +93,17 @@ def reap_queryset(
         return result
 
     base = qs.model._base_manager.using(using)
-    prefix, suffix = why.split("{}")
-    common: dict[str, Any] = {"version": F("version") + 1, "locked_until": None}
+    prefix, suffix = why.split("{}", 1)
+    common: dict[str, Any] = {"version": F("version") + 1}
     if opts.has("last_error"):
         holder = Coalesce(F("locked_by"), Value("?")) if opts.has("locked_by") else Value("?")
         common["last_error"] = Concat(
             Value(prefix), holder, Value(suffix), output_field=models.TextField()
         )
-    to_failed = {**common, opts.status_field: opts.value("failed")}
+    to_failed = {**common, opts.status_field: opts.value("failed"), "locked_until": None}
     if opts.has("finished_at"):
-        to_failed["finished_at"] = Now()
+        to_failed["finished_at"] = DbNow()
+    # ``locked_until`` is kept: a ready row with one is marked recovered (run alone next).
     to_ready = {**common, opts.status_field: opts.value("ready")}
     max_attempts = opts.max_attempts
     batches = 0
@@ -123,14 +138,16 @@ def reap(
     batch_size: int | None = None,
     held_by: Iterable[str] | None = None,
     dry_run: bool = False,
+    reason: str | None = None,
 ) -> ReapResult:
     """Recover rows stuck in ``processing`` for the given models (default: all claimable).
 
-    A row is stuck when its lease ended before the database's ``now()`` (or, with
-    ``held_by``, when one of those workers holds it regardless of the lease). Stuck rows
-    go back to ``ready``, or to ``failed`` when ``attempts`` reached ``max_attempts``;
-    their token is bumped so the old holder's writes are fenced, and ``last_error`` says
-    why. Works in bounded batches (``TASKCLAIM_REAP_BATCH``). ``dry_run`` only counts.
+    A row is stuck when its lease ended before the database's ``now()``. (``held_by``
+    takes the rows of those workers whatever their lease: only for holders proven dead,
+    see :func:`release_worker`.) Stuck rows go back to ``ready`` marked recovered, or to
+    ``failed`` when ``attempts`` reached ``max_attempts``; their token is bumped so the
+    old holder's writes are fenced, and ``last_error`` says why. Works in bounded batches
+    (``TASKCLAIM_REAP_BATCH``). ``dry_run`` only counts.
     """
     result = ReapResult()
     targets = list(models_) or list(claimable_models())
@@ -142,7 +159,46 @@ def reap(
             batch_size=batch_size,
             held_by=holders,
             dry_run=dry_run,
+            reason=reason,
         )
         for label, counts in part.per_model.items():
             result.add(label, counts["requeued"], counts["failed"])
     return result
+
+
+def release_worker(
+    worker_id: str,
+    *models_: type[models.Model],
+    using: str | None = None,
+    reason: str | None = None,
+    dry_run: bool = False,
+) -> ReapResult:
+    """Take back, at once, every row held by ``worker_id`` — whatever its lease.
+
+    Call it only when that worker is *proven* dead: the ``--processes`` supervisor
+    calls it when it reaps a child process (``waitpid``), and an operator may call it
+    (``manage.py taskclaim_reap --release-worker ID``, the admin) for a worker they know
+    is gone. If the worker is in fact alive, it is fenced (its later writes land
+    nowhere) but its task body may still be running while another worker starts the
+    same row: that is why nothing calls this on silence alone.
+
+    The UPDATE is conditioned on holder, ``processing`` and the token it bumps; rows
+    go back ``ready`` (marked recovered) or ``failed`` if their attempts are used up.
+    Models without a ``locked_by`` field are skipped (their rows wait for the lease).
+    """
+    if not isinstance(worker_id, str) or not worker_id:
+        raise ValueError(f"worker_id must be a non-empty string, got {worker_id!r}")
+    targets = [
+        m for m in (list(models_) or list(claimable_models())) if get_options(m).has("locked_by")
+    ]
+    return (
+        reap(
+            *targets,
+            using=using,
+            held_by=[worker_id],
+            dry_run=dry_run,
+            reason=reason or "released from worker {}",
+        )
+        if targets
+        else ReapResult()
+    )

@@ -8,6 +8,7 @@ plus ``status = ready`` and ``run_after <= now()``) and turns at most ``n`` of t
 
 from __future__ import annotations
 
+import math
 import random
 import zlib
 from datetime import timedelta
@@ -15,9 +16,9 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, transaction
-from django.db.models import F, sql
-from django.db.models.functions import Now
+from django.db.models import F, Q, sql
 
+from .db import DbNow
 from .exceptions import ConfigurationError, StrategyNotSupportedError
 
 if TYPE_CHECKING:
@@ -66,17 +67,46 @@ def claim_updates(opts: ClaimOptions, lease: float, worker: str) -> dict[str, An
         opts.status_field: opts.value("processing"),
         "version": F("version") + 1,
         "attempts": F("attempts") + 1,
-        "locked_until": Now() + timedelta(seconds=lease),
+        "locked_until": DbNow() + timedelta(seconds=lease),
     }
     if opts.has("locked_by"):
         updates["locked_by"] = worker
     return updates
 
 
+#: Set on each claimed instance: whether the row came back from a holder that lost it
+#: (its lease expired, or its worker was proven dead). Such a row is run alone; see
+#: :func:`was_recovered`.
+RECOVERED_ATTR = "_taskclaim_recovered"
+
+
+def was_recovered(task: Any) -> bool:
+    """Whether this claim took a row recovered from a lost holder (lease expired, or
+    worker proven dead) rather than a row that was never lost.
+
+    A recovered row is ``ready`` with its ``locked_until`` still set to the end of the
+    lease that was lost (rows never lost have ``locked_until = NULL`` while ready). The
+    worker runs such a row last in its batch, alone, after the batch's other results are
+    written, so that a task that kills its worker charges no attempt to its batch-mates.
+    """
+    return bool(getattr(task, RECOVERED_ATTR, False))
+
+
+def _null_safe(value: Any) -> tuple[bool, Any]:
+    return (value is None, value)
+
+
 def _sort(rows: list[models.Model], ordering: tuple[str, ...]) -> list[models.Model]:
-    rows.sort(key=attrgetter("pk"))  # ties in ``ordering`` come back in pk order
+    """Order claimed rows as the claim's ORDER BY did (``NULL`` last either way, as
+    :func:`claim_order` asks the database for). Never raises on ``NULL`` values."""
+    rows.sort(key=lambda r: _null_safe(r.pk))  # ties in ``ordering`` come back in pk order
     for item in reversed(ordering):
-        rows.sort(key=attrgetter(item.lstrip("-")), reverse=item.startswith("-"))
+        get = attrgetter("pk" if item.lstrip("-") == "pk" else item.lstrip("-"))
+        desc = item.startswith("-")
+        present = [r for r in rows if get(r) is not None]
+        absent = [r for r in rows if get(r) is None]
+        present.sort(key=get, reverse=desc)
+        rows[:] = present + absent
     return rows
 
 
@@ -171,73 +201,108 @@ def _pg_update_returning(
     table = qn(model._meta.db_table)
     pk = qn(model._meta.pk.column)
     status = qn(opts.status_column)
+    version, attempts, until = (
+        column(model, f, qn) for f in ("version", "attempts", "locked_until")
+    )
+    c = qn("taskclaim_c")
     sets = [
         f"{status} = %s",
-        f"{qn('version')} = {qn('version')} + 1",
-        f"{qn('attempts')} = {qn('attempts')} + 1",
-        f"{qn('locked_until')} = STATEMENT_TIMESTAMP() + %s * INTERVAL '1 second'",
+        f"{version} = {table}.{version} + 1",
+        f"{attempts} = {table}.{attempts} + 1",
+        f"{until} = STATEMENT_TIMESTAMP() + %s * INTERVAL '1 second'",
     ]
     params: list[Any] = [opts.value("processing"), lease]
     if opts.has("locked_by"):
-        sets.append(f"{qn('locked_by')} = %s")
+        sets.append(f"{column(model, 'locked_by', qn)} = %s")
         params.append(worker)
     returning = ", ".join(f"{table}.{qn(f.column)}" for f in model._meta.concrete_fields)
     sql = (
-        f"WITH {qn('taskclaim_c')} AS MATERIALIZED ({candidates_sql}) "
-        f"UPDATE {table} SET {', '.join(sets)} FROM {qn('taskclaim_c')} "
-        f"WHERE {table}.{pk} = {qn('taskclaim_c')}.{qn('pk')} AND {table}.{status} = %s "
-        f"RETURNING {returning}"
+        f"WITH {c}({qn('pk')}, {qn('prev')}) AS MATERIALIZED ({candidates_sql}) "
+        f"UPDATE {table} SET {', '.join(sets)} FROM {c} "
+        f"WHERE {table}.{pk} = {c}.{qn('pk')} AND {table}.{status} = %s "
+        f"RETURNING {returning}, {c}.{qn('prev')} IS NOT NULL"
     )
     params = [*candidates_params, *params, opts.value("ready")]
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         fetched = cursor.fetchall()
-    return _sort(_instances(model, qs.db, fetched), opts.ordering)
+    recovered = [row[-1] for row in fetched]
+    tasks = _instances(model, qs.db, [row[:-1] for row in fetched])
+    for task, flag in zip(tasks, recovered, strict=True):
+        if flag:
+            setattr(task, RECOVERED_ATTR, True)
+    return _sort(tasks, opts.ordering)
 
 
-_COMPLETE_SQL: dict[tuple[type[models.Model], str], str] = {}
+def column(model: type[models.Model], name: str, qn: Any) -> str:
+    """The quoted column of field ``name`` (its ``db_column`` if it has one)."""
+    field = model._meta.pk if name == "pk" else model._meta.get_field(name)
+    if not isinstance(field, models.Field) or not field.column:
+        raise ConfigurationError(f"{model._meta.label}.{name} is not a concrete column")
+    return str(qn(field.column))
+
+
+_COMPLETE_SQL: dict[tuple[type[models.Model], str, tuple[str, ...]], str] = {}
 
 
 def pg_complete_many(
-    model: type[models.Model], using: str, opts: ClaimOptions, tokens: dict[Any, int]
+    model: type[models.Model],
+    using: str,
+    opts: ClaimOptions,
+    tokens: dict[Any, int],
+    results: dict[Any, dict[str, Any]] | None = None,
 ) -> int:
     """PostgreSQL: complete the rows of ``tokens`` (pk → claimed version) in one fenced
-    ``UPDATE … FROM unnest(pks, tokens)``; return how many rows it wrote.
+    ``UPDATE … FROM unnest(pks, tokens[, one array per result field])``; return how many
+    rows it wrote.
 
-    Two array parameters instead of a ``(pk, version) IN (…)`` list: the statement text
-    is the same for every batch (compiled once) and no per-row parameter is formatted,
-    which halves the cost of acknowledging a batch of 100.
+    One array parameter per column instead of a ``(pk, version) IN (…)`` list: the
+    statement text is the same for every batch (compiled once) and no per-row parameter
+    is formatted, which halves the cost of acknowledging a batch of 100. ``results``
+    (pk → result fields; every row the same field names, plain values) are written in the
+    same statement, each row its own values.
     """
     conn = connections[using]
     pk_field = model._meta.pk
-    sql = _COMPLETE_SQL.get((model, using))
+    names: tuple[str, ...] = ()
+    if results:
+        names = tuple(sorted(next(iter(results.values()))))
+    key = (model, using, names)
+    sql = _COMPLETE_SQL.get(key)
     if sql is None:
         qn = conn.ops.quote_name
         table = qn(model._meta.db_table)
 
-        def column(name: str) -> str:
-            field = pk_field if name == "pk" else model._meta.get_field(name)
-            if not isinstance(field, models.Field) or not field.column:
-                raise ConfigurationError(f"{model._meta.label}.{name} is not a concrete column")
-            return qn(field.column)
-
-        pk, version, status = column("pk"), column("version"), qn(opts.status_column)
-        sets = [f"{status} = %s", f"{version} = {table}.{version} + 1"]
-        sets.append(f"{column('locked_until')} = NULL")
-        if opts.has("finished_at"):
-            sets.append(f"{column('finished_at')} = STATEMENT_TIMESTAMP()")
-        version_type = model._meta.get_field("version").cast_db_type(conn)  # type: ignore[union-attr]
+        pk, version = column(model, "pk", qn), column(model, "version", qn)
+        status = qn(opts.status_column)
         t = qn("taskclaim_t")
+        sets = [f"{status} = %s", f"{version} = {table}.{version} + 1"]
+        sets.append(f"{column(model, 'locked_until', qn)} = NULL")
+        if opts.has("finished_at"):
+            sets.append(f"{column(model, 'finished_at', qn)} = STATEMENT_TIMESTAMP()")
+        version_type = model._meta.get_field("version").cast_db_type(conn)  # type: ignore[union-attr]
+        arrays = [f"%s::{pk_field.cast_db_type(conn)}[]", f"%s::{version_type}[]"]
+        aliases = [qn("pk"), qn("token")]
+        for i, name in enumerate(names):
+            field = model._meta.get_field(name)
+            alias = qn(f"r{i}")
+            sets.append(f"{column(model, name, qn)} = {t}.{alias}")
+            arrays.append(f"%s::{field.cast_db_type(conn)}[]")  # type: ignore[union-attr]
+            aliases.append(alias)
         sql = (
             f"UPDATE {table} SET {', '.join(sets)} "
-            f"FROM unnest(%s::{pk_field.cast_db_type(conn)}[], %s::{version_type}[]) "
-            f"AS {t}({qn('pk')}, {qn('token')}) "
+            f"FROM unnest({', '.join(arrays)}) AS {t}({', '.join(aliases)}) "
             f"WHERE {table}.{pk} = {t}.{qn('pk')} AND {table}.{version} = {t}.{qn('token')} "
             f"AND {table}.{status} = %s"
         )
-        _COMPLETE_SQL[(model, using)] = sql
+        _COMPLETE_SQL[key] = sql
     pks = [pk_field.get_db_prep_value(pk, conn) for pk in tokens]
-    params = [opts.value("done"), pks, list(tokens.values()), opts.value("processing")]
+    columns: list[list[Any]] = []
+    for name in names:
+        field = model._meta.get_field(name)
+        prep = field.get_db_prep_save  # type: ignore[union-attr]
+        columns.append([prep((results or {})[pk][name], conn) for pk in tokens])
+    params = [opts.value("done"), pks, list(tokens.values()), *columns, opts.value("processing")]
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)
@@ -254,8 +319,37 @@ def claim_order(opts: ClaimOptions, using: str) -> tuple[str, ...]:
     return ordering
 
 
+def _order_by(opts: ClaimOptions, using: str) -> list[Any]:
+    """:func:`claim_order` as ``order_by()`` arguments: a nullable field is ordered with
+    ``NULL`` last explicitly (vendors disagree on the default), so :func:`_sort` puts the
+    returned rows in the same order; other fields stay plain so the claim index serves."""
+    out: list[Any] = []
+    for item in claim_order(opts, using):
+        name = item.lstrip("-")
+        field = opts.model._meta.pk if name == "pk" else opts.model._meta.get_field(name)
+        if getattr(field, "null", False):
+            expr = F(name)
+            out.append(
+                expr.desc(nulls_last=True) if item.startswith("-") else expr.asc(nulls_last=True)
+            )
+        else:
+            out.append(item)
+    return out
+
+
 def _candidates(qs: models.QuerySet, opts: ClaimOptions, limit: int) -> models.QuerySet:
-    return qs.order_by(*claim_order(opts, qs.db)).values("pk")[:limit]
+    """The candidate rows of a claim: ``(pk, locked_until)`` in claim order, at most ``limit``.
+
+    ``locked_until`` of a ``ready`` row is set only on a row recovered from a lost holder
+    (see :func:`was_recovered`)."""
+    return qs.order_by(*_order_by(opts, qs.db)).values("pk", "locked_until")[:limit]
+
+
+def _mark_recovered(rows: list[Any], recovered: set[Any]) -> list[Any]:
+    for row in rows:
+        if row.pk in recovered:
+            setattr(row, RECOVERED_ATTR, True)
+    return rows
 
 
 # -- strategies -----------------------------------------------------------------------
@@ -292,12 +386,14 @@ class SkipLocked(Strategy):
         of = ("self",) if conn.features.has_select_for_update_of else ()
         with transaction.atomic(using=qs.db):
             rows = list(
-                qs.order_by(*claim_order(opts, qs.db))
+                qs.defer(None)  # every field loaded now: none is re-read lazily after the claim
+                .order_by(*_order_by(opts, qs.db))
                 .select_for_update(skip_locked=True, of=of)
-                .annotate(_taskclaim_now=Now())[:n]
+                .annotate(_taskclaim_now=DbNow())[:n]
             )
             if not rows:
                 return []
+            recovered = {r.pk for r in rows if r.locked_until is not None}
             until = rows[0]._taskclaim_now + timedelta(seconds=lease)
             updates = claim_updates(opts, lease, worker)
             updates["locked_until"] = until
@@ -319,7 +415,7 @@ class SkipLocked(Strategy):
             if opts.has("locked_by"):
                 r.locked_by = worker
             del r._taskclaim_now
-        return rows
+        return _mark_recovered(rows, recovered)
 
 
 class CompareAndSet(Strategy):
@@ -343,16 +439,24 @@ class CompareAndSet(Strategy):
         """SQLite runs one writer at a time, so the compare-and-set of a whole batch is one
         statement: ``UPDATE … WHERE pk IN (<n candidates>) AND status = ready RETURNING *``.
 
-        If another writer committed after this statement's read snapshot began, SQLite
-        refuses the write ("database is locked", retried) rather than using stale data.
+        The candidates are read first in the same transaction (SQLite has no old values
+        in ``RETURNING``; the read tells which rows were recovered). With
+        ``transaction_mode = "IMMEDIATE"`` the transaction holds the write lock from its
+        start; otherwise a writer that committed in between makes SQLite refuse the
+        write ("database is locked", retried) rather than use stale data.
         """
         base = qs.model._base_manager.using(qs.db)
-        target = base.filter(pk__in=_candidates(qs, opts, n)).filter(opts.status_q("ready"))
-        query = target.query.chain(sql.UpdateQuery)
-        query.add_update_values(claim_updates(opts, lease, worker))
-        update_sql, params = query.get_compiler(qs.db).as_sql()
-        rows = list(base.raw(f"{update_sql} RETURNING *", params))
-        return _sort(rows, opts.ordering)
+        with transaction.atomic(using=qs.db):
+            picked = list(_candidates(qs, opts, n))
+            if not picked:
+                return []
+            target = base.filter(pk__in=[p["pk"] for p in picked]).filter(opts.status_q("ready"))
+            query = target.query.chain(sql.UpdateQuery)
+            query.add_update_values(claim_updates(opts, lease, worker))
+            update_sql, params = query.get_compiler(qs.db).as_sql()
+            rows = list(base.raw(f"{update_sql} RETURNING *", params))
+        recovered = {p["pk"] for p in picked if p["locked_until"] is not None}
+        return _sort(_mark_recovered(rows, recovered), opts.ordering)
 
     def _claim_candidates(self, qs, n, *, opts, lease, worker):
         from .conf import taskclaim_settings
@@ -360,33 +464,49 @@ class CompareAndSet(Strategy):
         base = qs.model._base_manager.using(qs.db)
         k = max(n, int(taskclaim_settings.CAS_CANDIDATES))
         updates = claim_updates(opts, lease, worker)
-        won: list[Any] = []
+        won: dict[Any, int] = {}  # pk -> the token this claim wrote
+        recovered: set[Any] = set()
         for _round in range(8):
             candidates = list(
-                qs.exclude(pk__in=won)
-                .order_by(*claim_order(opts, qs.db))
-                .values_list("pk", "version")[:k]
+                qs.exclude(pk__in=list(won))
+                .order_by(*_order_by(opts, qs.db))
+                .values_list("pk", "version", "locked_until")[:k]
             )
             if not candidates:
                 break
             collided = False
             while candidates and len(won) < n:
                 index = random.randrange(len(candidates)) if collided else 0
-                pk, version = candidates.pop(index)
+                pk, version, prev = candidates.pop(index)
                 hit = (
                     base.filter(pk=pk, version=version)
                     .filter(opts.status_q("ready"))
                     .update(**updates)
                 )
                 if hit == 1:
-                    won.append(pk)
+                    won[pk] = version + 1
+                    if prev is not None:
+                        recovered.add(pk)
                 else:
                     collided = True
             if len(won) >= n or not collided:
                 break
         if not won:
             return []
-        return _sort(list(base.filter(pk__in=won)), opts.ordering)
+        return _sort(_mark_recovered(read_claimed(base, opts, won), recovered), opts.ordering)
+
+
+def read_claimed(base: models.QuerySet, opts: ClaimOptions, won: dict[Any, int]) -> list[Any]:
+    """Re-read the rows a compare-and-set claim won, each only if it still carries the
+    token that claim wrote (``pk = ? AND version = ?`` and ``processing``).
+
+    A row released and re-claimed by another worker between the UPDATE and this read
+    comes back with another token and is left out: the caller never gets an instance
+    carrying someone else's token (its fenced writes would win over the real holder)."""
+    match = Q()
+    for pk, token in won.items():
+        match |= Q(pk=pk, version=token)
+    return list(base.filter(match).filter(opts.status_q("processing")))
 
 
 def advisory_table_key(model: type[models.Model]) -> int:
@@ -408,7 +528,7 @@ class Advisory(Strategy):
     def claim(self, qs, n, *, opts, lease, worker, cache_key=None):
         sql, params = _compiled_candidates(qs, opts, max(n * 4, n + 8), cache_key)
         candidates = (
-            f"SELECT c.pk FROM ({sql}) c(pk) "
+            f"SELECT c.pk, c.prev FROM ({sql}) c(pk, prev) "
             f"WHERE pg_try_advisory_xact_lock(%s, hashtext(c.pk::text)) LIMIT {int(n)}"
         )
         return _pg_update_returning(
@@ -480,9 +600,24 @@ def resolve(name: str, using: str) -> Strategy:
     return strategy
 
 
+#: The longest lease a claim may take: 30 days. Longer tasks keep a shorter lease
+#: alive with heartbeats (the worker does); a lease is never a way to park a row.
+MAX_LEASE = 30 * 24 * 3600.0
+
+
 def validate_lease(lease: Any) -> float:
+    """``lease`` in seconds as a float, or :class:`ConfigurationError` unless it is a
+    finite number in ``(0, MAX_LEASE]`` (a ``timedelta`` is accepted too)."""
     if isinstance(lease, timedelta):
         lease = lease.total_seconds()
-    if isinstance(lease, bool) or not isinstance(lease, int | float) or lease <= 0:
-        raise ConfigurationError(f"lease must be a positive number of seconds, got {lease!r}")
+    if (
+        isinstance(lease, bool)
+        or not isinstance(lease, int | float)
+        or not math.isfinite(lease)
+        or not 0 < lease <= MAX_LEASE
+    ):
+        raise ConfigurationError(
+            f"lease must be a number of seconds above 0 and at most {MAX_LEASE:g} "
+            f"(30 days), got {lease!r}"
+        )
     return float(lease)

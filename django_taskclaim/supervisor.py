@@ -8,6 +8,12 @@ than 0) is restarted, with backoff if it keeps dying at once; a child that exits
 SIGINT are forwarded to every child; a second one is forwarded too (children then exit at
 once) and the supervisor exits with :data:`~django_taskclaim.worker.EXIT_FORCED`.
 POSIX only (it uses ``fork``).
+
+The supervisor is the one place that *knows* a worker died: ``waitpid`` told it. Each
+time it reaps a child, whatever the exit, it calls ``on_exit`` (the worker command
+releases the rows that child still held, fenced on holder, status and token) before
+it starts a replacement, so a task of a SIGKILLed or OOM-killed child runs again within
+a second or two instead of after its lease — the only early recovery the library makes.
 """
 
 from __future__ import annotations
@@ -30,6 +36,16 @@ logger = logging.getLogger("django_taskclaim.supervisor")
 FAST_FAILURE = 5.0
 
 
+def describe_exit(code: int) -> str:
+    """``signal SIGKILL`` or ``exit code 5``, from :func:`os.waitstatus_to_exitcode`."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
 class Supervisor:
     """Run ``processes`` children, each calling ``target(index)`` and exiting with its result.
 
@@ -37,10 +53,17 @@ class Supervisor:
     seen after the stop began (or :data:`EXIT_FORCED` after a second signal).
     """
 
-    def __init__(self, target: Callable[[int], int], processes: int) -> None:
+    def __init__(
+        self,
+        target: Callable[[int], int],
+        processes: int,
+        *,
+        on_exit: Callable[[int, int, int], None] | None = None,
+    ) -> None:
         if processes < 1:
             raise ValueError("processes must be >= 1")
         self.target = target
+        self.on_exit = on_exit
         self.processes = processes
         self.children: dict[int, tuple[int, float]] = {}  # pid -> (index, started)
         self.restarts = 0
@@ -86,6 +109,24 @@ class Supervisor:
             sys.stderr.flush()
             os._exit(EXIT_FORCED)
 
+    def _after_exit(self, index: int, pid: int, code: int) -> None:
+        """Run ``on_exit`` for a reaped child; its errors are logged, never fatal."""
+        if self.on_exit is None:
+            return
+        try:
+            self.on_exit(index, pid, code)
+        except Exception as exc:
+            logger.error(
+                "could not release the rows of exited worker index=%s pid=%s error=%s "
+                "(their leases will expire)",
+                index,
+                pid,
+                exc,
+                exc_info=exc,
+            )
+        finally:
+            connections.close_all()  # no connection may cross the next fork
+
     def run(self) -> int:
         """Start the children and supervise them until all have stopped."""
         previous = {
@@ -103,13 +144,14 @@ class Supervisor:
                     continue
                 index, started = self.children.pop(pid)
                 code = os.waitstatus_to_exitcode(status)
+                self._after_exit(index, pid, code)
                 if self._stopping:
                     self._code = max(self._code, code if code >= 0 else EXIT_FORCED)
                     continue
                 if code == EXIT_OK:
                     logger.info("worker process finished index=%s pid=%s", index, pid)
                     continue
-                how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                how = describe_exit(code)
                 fast = time.monotonic() - started < FAST_FAILURE
                 self._failures[index] = self._failures.get(index, 0) + 1 if fast else 0
                 delay = min(30.0, 0.5 * 2 ** self._failures[index]) if fast else 0.0

@@ -13,8 +13,15 @@ One worker process runs:
   extension fails was taken back: it is marked lost, never started if it had not been,
   and a warning is logged; its holder's later writes are fenced by the token anyway.
 - a reaper thread (unless ``reap=False``) that, at most once per ``TASKCLAIM_REAP_INTERVAL``
-  across all hosts (a lease lock), recovers expired leases and the rows of workers that
-  stopped heartbeating for ``TASKCLAIM_WORKER_DEAD_AFTER``.
+  across all hosts (a lease lock), recovers rows whose lease expired (database clock).
+  A worker that falls silent is never declared dead: its rows wait for their lease
+  (NO EARLY RE-RUN). Only proof of death frees them early: the ``--processes``
+  supervisor saw the process exit (:func:`~django_taskclaim.reaper.release_worker`).
+
+Executors never die silently: a handler's ``BaseException`` (``SystemExit``,
+``KeyboardInterrupt``…) is that task's failure; an executor that crashes for any other
+reason is logged and replaced; a worker whose executors keep crashing stops with
+:data:`EXIT_BROKEN` so that its supervisor restarts it.
 - on PostgreSQL, a listener thread (``LISTEN``; see :mod:`django_taskclaim.notify`);
   idle executors also poll with jitter, so a missed notification only delays a task.
 
@@ -45,16 +52,16 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, router
-from django.db.models import Model
-from django.db.models.functions import Now
+from django.db.models import F, Model
 
 from .conf import taskclaim_settings
+from .db import DbNow, default_worker_id
 from .exceptions import ClaimLost, ConfigurationError, Fail, Retry
 from .lifecycle import complete_many, run_task
 from .options import claimable_models, get_options, resolve_model
 from .querysets import ClaimQuerySet
 from .reaper import ReapResult, reap
-from .strategies import resolve
+from .strategies import resolve, was_recovered
 
 logger = logging.getLogger("django_taskclaim.worker")
 
@@ -63,6 +70,7 @@ EXIT_CONFIG = 1
 EXIT_USAGE = 2
 EXIT_GRACE_EXPIRED = 3
 EXIT_FORCED = 4
+EXIT_BROKEN = 5
 
 #: Exit codes of ``manage.py taskclaim_worker`` (and of each supervised process).
 EXIT_CODES = {
@@ -71,6 +79,26 @@ EXIT_CODES = {
     EXIT_USAGE: "unknown option (argument parser error)",
     EXIT_GRACE_EXPIRED: "stopped with tasks still running after --grace (they were requeued)",
     EXIT_FORCED: "second signal: exited at once; leases recover the held rows",
+    EXIT_BROKEN: "executors kept crashing (logged): the worker cannot run tasks; restart it",
+}
+
+#: Executor crashes tolerated within :data:`CRASH_WINDOW` seconds before the worker
+#: gives up with :data:`EXIT_BROKEN`.
+MAX_CRASHES = 5
+CRASH_WINDOW = 60.0
+#: The registry row is refreshed at least this often (seconds), whatever the lease.
+REGISTRY_INTERVAL = 10.0
+#: Bounds of the worker's numeric options (all finite).
+LIMITS: dict[str, tuple[float, float]] = {
+    "--concurrency": (1, 256),
+    "--processes": (1, 256),
+    "--batch": (1, 10_000),
+    "--lease": (1.0, 30 * 24 * 3600.0),
+    "--poll": (0.01, 3600.0),
+    "--ack-window": (0.0, 60.0),
+    "--grace": (0.0, 24 * 3600.0),
+    "--max-tasks": (1, 10**12),
+    "--max-runtime": (0.01, 366 * 24 * 3600.0),
 }
 
 REAP_LOCK_KEY = "taskclaim:reap"
@@ -94,11 +122,12 @@ def _close(using: str) -> None:
 
 
 def _positive(value: Any, name: str, kind: type = int, *, allow_zero: bool = False) -> Any:
+    """``value`` as ``kind``, finite, above 0 (or >= 0) and within :data:`LIMITS`."""
     if value is None:
         return None
     try:
         number = kind(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         what = "a whole number" if kind is int else "a number"
         raise ConfigurationError(f"{name} must be {what}, got {value!r}") from None
     if not math.isfinite(number):
@@ -106,6 +135,9 @@ def _positive(value: Any, name: str, kind: type = int, *, allow_zero: bool = Fal
     if number < 0 or (number == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigurationError(f"{name} must be {bound}, got {value!r}")
+    low, high = LIMITS.get(name, (0, math.inf))
+    if not low <= number <= high:
+        raise ConfigurationError(f"{name} must be from {low:g} to {high:g}, got {value!r}")
     return number
 
 
@@ -122,6 +154,7 @@ class WorkerConfig:
     ack_window: float = 0.05
     grace: float = 30.0
     burst: bool = False
+    until_empty: bool = False
     max_tasks: int | None = None
     max_runtime: float | None = None
     worker_id: str | None = None
@@ -149,6 +182,7 @@ class WorkerConfig:
         worker_id: str | None = None,
         reap: bool = True,
         queue: str | None = None,
+        until_empty: bool = False,
     ) -> WorkerConfig:
         """Validate user input; raise :class:`ConfigurationError` naming the fix.
 
@@ -159,6 +193,11 @@ class WorkerConfig:
             raise ConfigurationError(
                 f"--database {using!r} is not in settings.DATABASES; "
                 f"choose one of {', '.join(settings.DATABASES)}"
+            )
+        if until_empty and not burst:
+            raise ConfigurationError(
+                "--until-empty goes with --burst (a worker without --burst never stops "
+                "when the queue is empty)"
             )
         concurrency = _positive(concurrency, "--concurrency")
         processes = _positive(processes, "--processes")
@@ -176,6 +215,7 @@ class WorkerConfig:
         grace = _positive(grace, "--grace", float, allow_zero=True)
         max_tasks = _positive(max_tasks, "--max-tasks")
         max_runtime = _positive(max_runtime, "--max-runtime", float)
+        beat = _heartbeat_setting()
         if worker_id is not None and (not worker_id.strip() or len(worker_id) > 200):
             raise ConfigurationError("--worker-id must be 1 to 200 characters")
         conn = connections[using]
@@ -232,7 +272,13 @@ class WorkerConfig:
                     "set ClaimMeta.strategy to 'auto'"
                 )
             strategies[model] = name
-            opts.lease  # noqa: B018 - validates the model's lease now, not mid-run
+            model_lease = float(lease or opts.lease)  # validates the model's lease now
+            if beat is not None and beat >= model_lease / 2:
+                raise ConfigurationError(
+                    f"TASKCLAIM_HEARTBEAT_INTERVAL ({beat:g}s) must be under half the lease "
+                    f"of {model._meta.label} ({model_lease:g}s), or one late heartbeat "
+                    "lets a live lease lapse: lower it or lengthen the lease"
+                )
         return cls(
             models=chosen,
             using=using,
@@ -243,6 +289,7 @@ class WorkerConfig:
             ack_window=ack_window,
             grace=grace,
             burst=bool(burst),
+            until_empty=bool(until_empty),
             max_tasks=max_tasks,
             max_runtime=max_runtime,
             worker_id=worker_id,
@@ -251,6 +298,20 @@ class WorkerConfig:
             handlers=handlers,
             strategies=strategies,
         )
+
+
+def _heartbeat_setting() -> float | None:
+    """``TASKCLAIM_HEARTBEAT_INTERVAL`` validated (``None`` = a third of each lease)."""
+    value = taskclaim_settings.HEARTBEAT_INTERVAL
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigurationError(
+            f"TASKCLAIM_HEARTBEAT_INTERVAL must be a number of seconds or None, got {value!r}"
+        )
+    if value <= 0:
+        raise ConfigurationError(f"TASKCLAIM_HEARTBEAT_INTERVAL must be > 0, got {value!r}")
+    return float(value)
 
 
 def _has_field(model: type[Model], name: str) -> bool:
@@ -287,6 +348,13 @@ class _Wakeup:
             return False
 
 
+class TaskAborted(Exception):
+    """A task body raised a ``BaseException`` that is not an ``Exception``
+    (``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit``, ``CancelledError``): in a
+    worker that is the task's failure (retried with backoff; the original is chained in
+    ``last_error``), never the end of the thread or of the process."""
+
+
 class _Attempt:
     """What the handler did, so an outcome write cut by a lost connection can be redone."""
 
@@ -308,7 +376,7 @@ class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.using = config.using
-        self.worker_id = config.worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        self.worker_id = config.worker_id or default_worker_id()
         self.labels = {m: m._meta.label for m in config.models}
         self._lock = threading.Lock()
         # thread name -> {id(task): task} claimed, not started (identity, not Model.__eq__:
@@ -330,6 +398,9 @@ class Worker:
         self._stop_reason = ""
         self._signals = 0
         self._executors: list[threading.Thread] = []
+        self._finished: set[str] = set()  # executors that ended normally (not crashed)
+        self._crashes: list[float] = []  # monotonic times of executor crashes
+        self._broken = False
         self._helpers: list[threading.Thread] = []
         self._listener: Any = None
         self._registry_ok = True
@@ -384,14 +455,19 @@ class Worker:
         self._main_wake.set()
         self._wake.wake_all()
 
-    def run(self) -> int:
-        """Run until stopped; return an exit code (see :data:`EXIT_CODES`)."""
+    def run(self, announce: Callable[[], None] | None = None) -> int:
+        """Run until stopped; return an exit code (see :data:`EXIT_CODES`).
+
+        ``announce`` (e.g. printing :meth:`describe`) is called once the signal handlers
+        are in place: from then on SIGTERM means a graceful stop."""
         in_main = threading.current_thread() is threading.main_thread()
         previous: dict[int, Any] = {}
         if in_main:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, self._on_signal)
         try:
+            if announce is not None:
+                announce()
             return self._run()
         finally:
             for signum, handler in previous.items():
@@ -402,6 +478,8 @@ class Worker:
         started = time.monotonic()
         if not self._wait_for_database():
             return EXIT_OK
+        if self.config.burst and self.config.reap:
+            self._reap_before_burst()
         self._register()
         connections.close_all()  # the main thread needs a connection again only to stop
         if self._use_listen():
@@ -418,13 +496,12 @@ class Worker:
         for t in self._helpers:
             t.start()
         for i in range(self.config.concurrency):
-            t = threading.Thread(target=self._executor, name=f"taskclaim-exec-{i}", daemon=True)
-            self._executors.append(t)
-            t.start()
+            self._start_executor(i)
         released = False
         grace_deadline: float | None = None
         code = EXIT_OK
         while True:
+            self._replace_crashed_executors()
             if not any(t.is_alive() for t in self._executors):
                 break
             now = time.monotonic()
@@ -459,6 +536,8 @@ class Worker:
                 timeout = max(0.01, min(timeout, grace_deadline - now))
             self._main_wake.wait(timeout)
             self._main_wake.clear()
+        if self._broken and code == EXIT_OK:
+            code = EXIT_BROKEN
         self._halt.set()
         self._beat_wake.set()
         self._wake.wake_all()
@@ -475,6 +554,38 @@ class Worker:
         )
         connections.close_all()
         return code
+
+    def _start_executor(self, index: int) -> None:
+        t = threading.Thread(target=self._executor, name=f"taskclaim-exec-{index}", daemon=True)
+        if index < len(self._executors):
+            self._executors[index] = t
+        else:
+            self._executors.append(t)
+        t.start()
+
+    def _replace_crashed_executors(self) -> None:
+        """Replace each executor that died of an error (logged where it died); after
+        :data:`MAX_CRASHES` within :data:`CRASH_WINDOW` seconds, stop the worker with
+        :data:`EXIT_BROKEN` instead: it cannot run tasks, and a restart may help."""
+        for index, t in enumerate(self._executors):
+            if t.is_alive() or t.name in self._finished or self._stopping.is_set():
+                continue
+            now = time.monotonic()
+            self._crashes = [c for c in self._crashes if now - c < CRASH_WINDOW] + [now]
+            if len(self._crashes) >= MAX_CRASHES:
+                logger.error(
+                    "executors keep crashing worker=%s crashes=%s in %ss: stopping (exit %s)",
+                    self.worker_id,
+                    len(self._crashes),
+                    CRASH_WINDOW,
+                    EXIT_BROKEN,
+                )
+                self._broken = True
+                self.request_stop("executors crashing")
+                return
+            logger.warning("replacing crashed executor %s worker=%s", t.name, self.worker_id)
+            self._finished.discard(t.name)
+            self._start_executor(index)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signals += 1
@@ -556,6 +667,43 @@ class Worker:
             qs = qs.filter(queue_name=self.config.queue)
         return qs
 
+    def _work_left(self) -> bool:
+        """``--until-empty``: whether any served row is still ``ready`` (scheduled for
+        later, e.g. a retry) or ``processing`` (held by a worker)."""
+        for model in self.config.models:
+            opts = get_options(model)
+            pending = self._queryset(model).filter(
+                opts.status_q("ready") | opts.status_q("processing")
+            )
+            if pending.exists():
+                return True
+        return False
+
+    def leftover(self) -> str:
+        """One line for the end of a ``--burst`` run: what is left, by state, and when the
+        next scheduled row comes due (database clock)."""
+        from django.db.models import Min
+
+        from .monitoring import db_now
+
+        parts = []
+        now = db_now(self.using)
+        for model in self.config.models:
+            opts = get_options(model)
+            qs = self._queryset(model)
+            ready = qs.filter(opts.status_q("ready"))
+            stats = qs.stats()  # one GROUP BY, counts per state
+            counts = {k: stats.get(k, 0) for k in ("ready", "processing", "failed")}
+            text = " ".join(f"{k}={v}" for k, v in counts.items())
+            if counts["ready"] and opts.has("run_after"):
+                due = ready.filter(run_after__gt=now).aggregate(m=Min("run_after"))["m"]
+                if due is not None:
+                    text += f" (next due in {(due - now).total_seconds():.1f}s)"
+                else:
+                    text += " (due now)"
+            parts.append(f"{self.labels[model]}: {text}")
+        return "burst finished; left: " + "; ".join(parts)
+
     def _quota(self) -> int:
         """How many rows this thread may claim now (0 = stop claiming)."""
         if self._stopping.is_set():
@@ -575,6 +723,21 @@ class Worker:
 
     def _executor(self) -> None:
         me = threading.current_thread().name
+        try:
+            self._executor_loop(me)
+            self._finished.add(me)
+        except BaseException as exc:  # never silently: logged, then replaced by the main loop
+            logger.error(
+                "executor crashed thread=%s worker=%s error=%s",
+                me,
+                self.worker_id,
+                _one_line(exc),
+                exc_info=exc,
+            )
+        finally:
+            self._main_wake.set()
+
+    def _executor_loop(self, me: str) -> None:
         order = list(self.config.models)
         random.shuffle(order)
         rr = 0
@@ -608,7 +771,7 @@ class Worker:
                 self._unreserve(want - len(rows))
                 if not rows:
                     self._flush_acks(me)
-                    if self.config.burst:
+                    if self.config.burst and not (self.config.until_empty and self._work_left()):
                         break
                     self._idle()
                     continue
@@ -616,15 +779,17 @@ class Worker:
                     self._wake.wake(1)  # more may be waiting: let an idle sibling look
                 with self._lock:
                     self._pending[me] = {id(r): r for r in rows}
+                rows = self._isolate_recovered(me, rows)
                 self._run_batch(me, model, rows)
         finally:
-            self._flush_acks(me)
-            with self._lock:
-                leftover = list(self._pending.pop(me, {}).values())
-            if leftover:
-                self._release(leftover)
-            connections.close_all()  # this thread's connections only
-            self._main_wake.set()
+            try:
+                self._flush_acks(me)
+            finally:
+                with self._lock:
+                    leftover = list(self._pending.pop(me, {}).values())
+                if leftover:
+                    self._release(leftover)
+                connections.close_all()  # this thread's connections only
 
     def _idle(self) -> None:
         """Wait for a notification or the (jittered) poll interval, whichever is first."""
@@ -638,6 +803,62 @@ class Worker:
                     self._last_poll = now
                     return
 
+    def _isolate_recovered(self, me: str, rows: list[Any]) -> list[Any]:
+        """Order a claimed batch so a recovered row (see
+        :func:`~django_taskclaim.strategies.was_recovered`) runs alone: last, after every
+        completion buffered in this process is written. Further recovered rows of the
+        batch are given back at once (attempt not counted, still marked recovered): each
+        gets its own turn. So when a task kills its worker again, it is charged the
+        attempt, and the rows claimed with it are not.
+        """
+        recovered = [r for r in rows if was_recovered(r)]
+        if not recovered or len(rows) == 1:
+            return rows
+        keep, extra = recovered[0], recovered[1:]
+        if extra:
+            with self._lock:
+                pending = self._pending.get(me, {})
+                for task in extra:
+                    pending.pop(id(task), None)
+            self._give_back_recovered(extra)
+        return [r for r in rows if not was_recovered(r)] + [keep]
+
+    def _give_back_recovered(self, tasks: list[Any]) -> None:
+        """Release claimed-but-unstarted recovered rows, keeping their recovered mark."""
+        for task in tasks:
+            opts = get_options(task)
+            try:
+                hit = (
+                    type(task)
+                    ._base_manager.using(task._state.db or self.using)
+                    .filter(pk=task.pk, version=task.version)
+                    .filter(opts.status_q("processing"))
+                    .update(
+                        **{
+                            opts.status_field: opts.value("ready"),
+                            "version": F("version") + 1,
+                            "attempts": F("attempts") - 1,
+                        }
+                    )
+                )
+            except DatabaseError as exc:
+                _close(self.using)
+                hit = 0
+                logger.warning(
+                    "could not give back task=%s:%s worker=%s error=%s (its lease will expire)",
+                    type(task)._meta.label,
+                    task.pk,
+                    self.worker_id,
+                    _one_line(exc),
+                )
+            if hit:
+                logger.info(
+                    "recovered task=%s:%s given back to run alone worker=%s",
+                    type(task)._meta.label,
+                    task.pk,
+                    self.worker_id,
+                )
+
     def _run_batch(self, me: str, model: type[Model], rows: list[Any]) -> None:
         handler = self.config.handlers[model]
         for task in rows:
@@ -647,6 +868,13 @@ class Worker:
                     continue  # released at shutdown, or found lost by the heartbeat
                 if self._stopping.is_set():
                     return  # the rest stays pending: released by the main thread or below
+            if was_recovered(task):
+                # It may be the task that killed a worker: nothing else of this process
+                # may be lost with it. (A claimed but unstarted row stays pending here.)
+                self._flush_acks()
+            with self._lock:
+                if id(task) not in pending or self._stopping.is_set():
+                    continue
                 del pending[id(task)]
                 self._running[me] = task
             try:
@@ -703,6 +931,20 @@ class Worker:
                 lost = complete_many(tasks)
                 break
             except DatabaseError as exc:
+                if not _connection_trouble(exc):
+                    # Not an outage: the batched statement itself fails (a pk type or
+                    # a backend it does not suit). Never retried as is: one by one.
+                    logger.error(
+                        "batched completion failed tasks=%s worker=%s error=%s: "
+                        "writing them one by one",
+                        len(tasks),
+                        self.worker_id,
+                        _one_line(exc),
+                        exc_info=exc,
+                    )
+                    _close(self.using)
+                    lost = self._complete_one_by_one(tasks)
+                    break
                 failures += 1
                 _close(self.using)
                 log = logger.warning if failures == 1 else logger.debug
@@ -731,19 +973,56 @@ class Worker:
                     self.worker_id,
                 )
 
+    def _complete_one_by_one(self, tasks: list[Any]) -> list[Any]:
+        """Fenced ``complete()`` per task (the fallback of a failing batched write);
+        return the tasks not completed. Errors are logged, never retried forever: a
+        task left unwritten is recovered after its lease like any lost completion."""
+        from . import lifecycle
+
+        left: list[Any] = []
+        for task in tasks:
+            try:
+                lifecycle.complete_pending(task)
+            except ClaimLost:
+                left.append(task)
+            except DatabaseError as exc:
+                left.append(task)
+                _close(self.using)
+                logger.error(
+                    "completion not recorded task=%s:%s worker=%s error=%s "
+                    "(its lease will expire and it will run again)",
+                    type(task)._meta.label,
+                    task.pk,
+                    self.worker_id,
+                    _one_line(exc),
+                )
+        return left
+
     def _run_one(
         self, me: str, model: type[Model], task: Any, handler: Callable[[Any], Any]
     ) -> None:
         label = self.labels[model]
         attempt = _Attempt()
+        # ClaimMeta.atomic: the completion commits with the handler's writes, so a
+        # database error there means neither landed; never re-write "done" alone.
+        atomic = get_options(model).atomic
 
         def wrapped(row: Any) -> Any:
             try:
                 result = async_to_sync(handler)(row) if _is_async(handler) else handler(row)
-            except BaseException as exc:
+            except Exception as exc:
                 attempt.error = exc
                 raise
-            attempt.done = True
+            except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit…
+                # The task's failure, retried like any error; never the executor's end.
+                aborted = TaskAborted(
+                    f"the task raised {type(exc).__name__}"
+                    + (f"({exc})" if str(exc) else "")
+                    + ": it is treated as the task's failure"
+                )
+                attempt.error = aborted
+                raise aborted from exc
+            attempt.done = not atomic
             attempt.result = result
             return result
 
@@ -840,6 +1119,9 @@ class Worker:
                     lifecycle.complete(
                         task, **(dict(result) if isinstance(result, Mapping) else {})
                     )
+                    after = getattr(result, "on_written", None)
+                    if after is not None:
+                        after()
                     return "done"
                 if isinstance(err, Retry):
                     return lifecycle.retry(task, delay=err.delay, error=err.reason or "retry")
@@ -942,7 +1224,10 @@ class Worker:
         out: dict[type[Model], list[tuple[Any, SimpleNamespace]]] = {}
         with self._lock:
             tasks = [t for rows in self._pending.values() for t in rows.values()]
-            tasks += list(self._running.values())
+            # A running task of a ClaimMeta.atomic model holds its row's lock in its own
+            # transaction: extending it would block this thread (and every other row's
+            # heartbeat) until the body ends. Its body must finish within the lease.
+            tasks += [t for t in self._running.values() if not get_options(type(t)).atomic]
             tasks += [t for _since, rows in self._acks.values() for t in rows]
             for t in tasks:
                 snap = SimpleNamespace(pk=t.pk, version=t.version)
@@ -955,31 +1240,44 @@ class Worker:
         even while the thread that buffered them runs a long task)."""
         failures = 0
         interval = self.heartbeat_interval
+        touch_every = min(interval, REGISTRY_INTERVAL)
         next_beat = time.monotonic() + interval
+        next_touch = time.monotonic() + touch_every
         while not self._halt.is_set():
             due = self._acks_due_at()
-            wake_at = next_beat if due is None else min(next_beat, due)
+            wake_at = min(next_beat, next_touch) if due is None else min(next_beat, next_touch, due)
             self._beat_wake.wait(max(0.0, wake_at - time.monotonic()))
             self._beat_wake.clear()
             if self._halt.is_set():
                 break
-            if due is not None and time.monotonic() >= due:
-                self._flush_acks(due_only=True)
-            if time.monotonic() < next_beat:
-                continue
-            try:
-                self._heartbeat()
-                if failures:
-                    logger.info("heartbeat resumed worker=%s", self.worker_id)
-                failures = 0
-                next_beat = time.monotonic() + interval
-            except DatabaseError as exc:
+            try:  # this thread never dies: leases of running tasks depend on it
+                if due is not None and time.monotonic() >= due:
+                    self._flush_acks(due_only=True)
+                now = time.monotonic()
+                if now >= next_beat:
+                    self._heartbeat()
+                    next_beat = time.monotonic() + interval
+                    next_touch = time.monotonic() + touch_every
+                    if failures:
+                        logger.info("heartbeat resumed worker=%s", self.worker_id)
+                    failures = 0
+                elif now >= next_touch:
+                    self._touch_registry()
+                    next_touch = time.monotonic() + touch_every
+            except Exception as exc:
                 failures += 1
-                log = logger.warning if failures == 1 else logger.debug
-                log("heartbeat failed worker=%s error=%s", self.worker_id, _one_line(exc))
+                trouble = isinstance(exc, DatabaseError)
+                log = logger.warning if failures == 1 or not trouble else logger.debug
+                log(
+                    "heartbeat failed worker=%s error=%s",
+                    self.worker_id,
+                    _one_line(exc),
+                    exc_info=None if trouble else exc,
+                )
                 _close(self.using)
                 _close(self.registry_db)
                 next_beat = time.monotonic() + min(interval, 1.0)
+                next_touch = next_beat
         _close(self.using)
         _close(self.registry_db)
 
@@ -1049,8 +1347,7 @@ class Worker:
             qs = model._default_manager.using(self.registry_db).filter(worker_id=self.worker_id)
             prior = qs.filter(
                 stopped_at__isnull=True,
-                last_seen__gte=Now()
-                - timedelta(seconds=float(taskclaim_settings.WORKER_DEAD_AFTER)),
+                last_seen__gte=DbNow() - timedelta(seconds=silent_after()),
             ).exists()
             if prior:
                 logger.warning(
@@ -1058,7 +1355,7 @@ class Worker:
                     "--worker-id",
                     self.worker_id,
                 )
-            if not qs.update(started_at=Now(), last_seen=Now(), **fields):
+            if not qs.update(started_at=DbNow(), last_seen=DbNow(), **fields):
                 model._default_manager.using(self.registry_db).create(
                     worker_id=self.worker_id, **fields
                 )
@@ -1083,7 +1380,7 @@ class Worker:
             _worker_model()
             ._default_manager.using(self.registry_db)
             .filter(worker_id=self.worker_id)
-            .update(last_seen=Now(), in_flight=in_flight, processed=processed, stopped_at=None)
+            .update(last_seen=DbNow(), in_flight=in_flight, processed=processed, stopped_at=None)
         )
         if not found:  # not registered yet (outage at start) or the row was deleted
             self._register()
@@ -1094,7 +1391,7 @@ class Worker:
         try:
             _worker_model()._default_manager.using(self.registry_db).filter(
                 worker_id=self.worker_id
-            ).update(last_seen=Now(), stopped_at=Now(), in_flight=0, processed=self._processed)
+            ).update(last_seen=DbNow(), stopped_at=DbNow(), in_flight=0, processed=self._processed)
         except DatabaseError as exc:
             logger.warning(
                 "could not mark worker stopped worker=%s error=%s", self.worker_id, _one_line(exc)
@@ -1128,6 +1425,25 @@ class Worker:
         _close(self.using)
         _close(self.registry_db)
 
+    def _reap_before_burst(self) -> None:
+        """``--burst``: recover expired leases once before draining, so rows of crashed
+        workers are part of what a burst run drains (``--no-reap`` skips it)."""
+        try:
+            result = recover(self.config.models, using=self.using)
+        except DatabaseError as exc:
+            _close(self.using)
+            logger.warning(
+                "reap before burst failed worker=%s error=%s", self.worker_id, _one_line(exc)
+            )
+            return
+        if result.total:
+            logger.info(
+                "reaped before burst worker=%s requeued=%s failed=%s",
+                self.worker_id,
+                result.requeued,
+                result.failed,
+            )
+
     def _reap_once(self, interval: float) -> None:
         lock = _reap_lock(interval, self.worker_id, self.registry_db)
         if lock is not None and not lock.acquire():
@@ -1137,7 +1453,7 @@ class Worker:
             return
         # The lock is not released: it lapses after ``interval``, so one reap per
         # interval runs across all hosts.
-        result = recover(self.config.models, using=self.using, exclude_workers=[self.worker_id])
+        result = recover(self.config.models, using=self.using)
         if result.requeued:
             self._notify_ready(m for m in self.config.models)
             self._wake.wake_all()
@@ -1164,14 +1480,23 @@ def _reap_lock(ttl: float, owner: str, using: str) -> Any:
     return locks.LeaseLock(REAP_LOCK_KEY, ttl, owner=owner, using=using)
 
 
-def dead_workers(*, using: str | None = None, exclude: Iterable[str] = ()) -> list[str]:
-    """Ids of registered workers silent for ``TASKCLAIM_WORKER_DEAD_AFTER`` (database clock)."""
+def silent_after() -> float:
+    """Seconds of registry silence after which a worker is *shown* as silent
+    (``TASKCLAIM_WORKER_SILENT_AFTER``). Display only: silence is not death, and no row
+    is taken from a silent worker before its lease ends."""
+    return float(taskclaim_settings.WORKER_SILENT_AFTER)
+
+
+def silent_workers(*, using: str | None = None, exclude: Iterable[str] = ()) -> list[str]:
+    """Ids of registered, not stopped workers not heard from for :func:`silent_after`
+    seconds (database clock). For operators (stats, admin): a silent worker may be
+    paused, partitioned or dead; only :func:`~django_taskclaim.reaper.release_worker`,
+    called by someone who knows it is dead, frees its rows before their leases end."""
     model = _worker_model()
     db = using or router.db_for_write(model)
-    after = float(taskclaim_settings.WORKER_DEAD_AFTER)
     return list(
         model._default_manager.using(db)
-        .filter(stopped_at__isnull=True, last_seen__lt=Now() - timedelta(seconds=after))
+        .filter(stopped_at__isnull=True, last_seen__lt=DbNow() - timedelta(seconds=silent_after()))
         .exclude(worker_id__in=list(exclude))
         .values_list("worker_id", flat=True)
     )
@@ -1182,42 +1507,14 @@ def recover(
     *,
     using: str | None = None,
     dry_run: bool = False,
-    dead: bool = True,
-    exclude_workers: Iterable[str] = (),
     batch_size: int | None = None,
 ) -> ReapResult:
-    """Recover stuck rows: expired leases, and (``dead``) rows of dead workers at once.
-
-    Rows of workers silent for ``TASKCLAIM_WORKER_DEAD_AFTER`` are taken back without
-    waiting for their lease; those workers are then marked stopped in the registry.
-    ``dry_run`` only counts. Safe to run concurrently from several hosts.
-    """
+    """Recover the rows whose lease expired (database clock); see
+    :func:`~django_taskclaim.reaper.reap`. Rows with a valid lease are never touched,
+    whatever the worker registry says. ``dry_run`` only counts. Safe to run
+    concurrently from several hosts."""
     targets = list(models_) or list(claimable_models())
-    result = reap(*targets, using=using, batch_size=batch_size, dry_run=dry_run)
-    if not dead:
-        return result
-    registry = _worker_model()
-    registry_db = router.db_for_write(registry)
-    try:
-        ids = dead_workers(using=registry_db, exclude=exclude_workers)
-    except DatabaseError as exc:
-        if _connection_trouble(exc):
-            raise
-        logger.debug("no worker registry: %s", _one_line(exc))
-        return result
-    if not ids:
-        return result
-    usable = [m for m in targets if get_options(m).has("locked_by")]
-    if usable:
-        part = reap(*usable, using=using, held_by=ids, batch_size=batch_size, dry_run=dry_run)
-        for label, counts in part.per_model.items():
-            result.add(label, counts["requeued"], counts["failed"])
-    if not dry_run:
-        registry._default_manager.using(registry_db).filter(
-            worker_id__in=ids, stopped_at__isnull=True
-        ).update(stopped_at=Now())
-        logger.warning("workers found dead (no heartbeat) workers=%s", ",".join(ids))
-    return result
+    return reap(*targets, using=using, batch_size=batch_size, dry_run=dry_run)
 
 
 def configure_logging(verbosity: int) -> None:

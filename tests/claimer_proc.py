@@ -13,7 +13,6 @@ import json
 import os
 import random
 import sys
-import time
 
 import django
 
@@ -34,11 +33,12 @@ def main() -> int:
     from tests.testapp import models
 
     model = getattr(models, args.model)
-    deadline = time.monotonic() + 60
-    while not os.path.exists(args.go):  # barrier: all children start claiming together
-        if time.monotonic() > deadline:
-            return 3
-        time.sleep(0.005)
+    from tests.helpers import wait_for
+
+    try:  # barrier: all children start claiming together
+        wait_for(lambda: os.path.exists(args.go), timeout=60, interval=0.005, what="go")
+    except AssertionError:
+        return 3
     me = f"p{os.getpid()}"
     errors = 0
     out = []

@@ -12,16 +12,17 @@ import time
 
 import django
 
+from django_taskclaim.db import DbNow
+
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
     django.setup()
-    from django.db.models.functions import Now
 
     from django_taskclaim import reap
     from tests.testapp.models import Document
 
-    db_now = Document.objects.annotate(now=Now()).values_list("now", flat=True)[:1].get()
+    db_now = Document.objects.annotate(now=DbNow()).values_list("now", flat=True)[:1].get()
     skew = time.time() - db_now.timestamp()
     rows = Document.objects.claim(3, lease=30)
     rows[0].extend_lease(120)

@@ -32,6 +32,14 @@ def wait_for(
         time.sleep(interval)
 
 
+def simulate_work(seconds: float) -> None:
+    """Stand for a task body that takes ``seconds`` (a duration, not a wait for anything);
+    sliced so a signal handler runs promptly."""
+    deadline = time.monotonic() + float(seconds)
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(0.05, left))
+
+
 def child_env(**extra: str) -> dict[str, str]:
     """Environment for a subprocess that must use the current test database."""
     env = dict(os.environ)

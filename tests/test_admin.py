@@ -7,15 +7,18 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.contrib import admin
 from django.contrib.auth.models import Permission
-from django.db import connection
-from django.db.models.functions import Now
+from django.db import connection, models
 from django.db.models.signals import post_init
 from django.test import Client
-from django.urls import reverse
+from django.test.utils import isolate_apps
+from django.urls import path, reverse
 
 from django_taskclaim import ClaimLost
-from django_taskclaim.models import Lease, WorkerProcess
+from django_taskclaim.admin import ClaimableAdminMixin
+from django_taskclaim.db import DbNow
+from django_taskclaim.models import ClaimableMixin, ClaimFieldsMixin, Lease, WorkerProcess
 from tests.testapp.admin import DocumentAdmin
 from tests.testapp.models import Document, Job
 
@@ -35,9 +38,11 @@ def make(state: str, n: int = 1, **extra) -> list[Document]:
     pks = [d.pk for d in docs]
     fields: dict = {"status": state}
     if state == "processing":
-        fields.update(locked_until=Now() + timedelta(seconds=300), locked_by="w-other", attempts=1)
+        fields.update(
+            locked_until=DbNow() + timedelta(seconds=300), locked_by="w-other", attempts=1
+        )
     if state in ("done", "failed", "cancelled"):
-        fields.update(finished_at=Now(), attempts=1)
+        fields.update(finished_at=DbNow(), attempts=1)
     if state == "failed":
         fields["last_error"] = "Traceback (most recent call last):\n  ...\nValueError: bad page 7"
     Document.objects.filter(pk__in=pks).update(**fields)
@@ -46,7 +51,7 @@ def make(state: str, n: int = 1, **extra) -> list[Document]:
 
 def expire(*docs: Document) -> None:
     Document.objects.filter(pk__in=[d.pk for d in docs]).update(
-        locked_until=Now() - timedelta(seconds=5)
+        locked_until=DbNow() - timedelta(seconds=5)
     )
 
 
@@ -102,7 +107,7 @@ def test_changelist_columns_badges_and_summary(admin_client):
     make("done", 4)
     make("failed", 1)
     deferred = make("ready", 1)
-    Document.objects.filter(pk=deferred[0].pk).update(run_after=Now() + timedelta(minutes=10))
+    Document.objects.filter(pk=deferred[0].pk).update(run_after=DbNow() + timedelta(minutes=10))
     resp = admin_client.get(reverse(CHANGELIST))
     assert resp.status_code == 200
     html = resp.content.decode()
@@ -264,7 +269,8 @@ def test_release_action(admin_client):
         "Release lease: 2 done, 1 skipped (1 ready: only processing tasks hold a lease)."
     ]
     row = Document.objects.get(pk=held[0].pk)
-    assert (row.status, row.locked_until, row.version) == ("ready", None, held[0].version + 1)
+    assert (row.status, row.version) == ("ready", held[0].version + 1)
+    assert row.locked_until is not None  # kept: the next claim sees the row as recovered
 
 
 @pytest.mark.django_db
@@ -489,9 +495,9 @@ def workers():
         model_labels=["testapp.Document"],
     )
     silent = WorkerProcess.objects.create(worker_id="host-b:202", hostname="host-b", pid=202)
-    WorkerProcess.objects.filter(pk=silent.pk).update(last_seen=Now() - timedelta(hours=1))
+    WorkerProcess.objects.filter(pk=silent.pk).update(last_seen=DbNow() - timedelta(hours=1))
     stopped = WorkerProcess.objects.create(worker_id="host-c:303", hostname="host-c", pid=303)
-    WorkerProcess.objects.filter(pk=stopped.pk).update(stopped_at=Now())
+    WorkerProcess.objects.filter(pk=stopped.pk).update(stopped_at=DbNow())
     return live, silent, stopped
 
 
@@ -502,7 +508,7 @@ def test_dashboard_shows_every_claimable_model_and_live_workers(admin_client, wo
     expire(*held)
     make("done", 3)
     old = make("done", 1)
-    Document.objects.filter(pk=old[0].pk).update(finished_at=Now() - timedelta(minutes=30))
+    Document.objects.filter(pk=old[0].pk).update(finished_at=DbNow() - timedelta(minutes=30))
     Job.objects.create(name="j")
     resp = admin_client.get(reverse("admin:taskclaim_dashboard"))
     assert resp.status_code == 200
@@ -558,9 +564,9 @@ def test_dashboard_respects_permissions(client, viewer, django_user_model):
 @pytest.mark.django_db
 def test_worker_and_lease_admin(admin_client, workers):
     Lease.objects.create(
-        key="nightly-report", owner="host-a:101", locked_until=Now() + timedelta(minutes=5)
+        key="nightly-report", owner="host-a:101", locked_until=DbNow() + timedelta(minutes=5)
     )
-    Lease.objects.create(key="old", owner="host-b:202", locked_until=Now() - timedelta(minutes=5))
+    Lease.objects.create(key="old", owner="host-b:202", locked_until=DbNow() - timedelta(minutes=5))
     resp = admin_client.get(reverse("admin:taskclaim_workerprocess_changelist"))
     html = resp.content.decode()
     assert "host-a:101" in html
@@ -586,7 +592,7 @@ def test_break_lease_action_fences_the_holder(admin_client):
 
     lock = LeaseLock("nightly-report", ttl=300, owner="host-a:101")
     assert lock.acquire()
-    Lease.objects.create(key="old", owner="x", locked_until=Now() - timedelta(minutes=1))
+    Lease.objects.create(key="old", owner="x", locked_until=DbNow() - timedelta(minutes=1))
     token = lock.token
     resp = admin_client.post(
         reverse("admin:taskclaim_lease_changelist"),
@@ -604,3 +610,75 @@ def test_break_lease_action_fences_the_holder(admin_client):
     other = LeaseLock("nightly-report", ttl=300, owner="host-b:202")
     assert other.acquire()
     assert other.token == token + 2
+
+
+# -- a custom status field name -------------------------------------------------------------
+# A claimable model whose status column is ``state`` (``ClaimMeta.status_field``), defined in
+# an isolated app registry (no migration, invisible to the rest of the suite) and served by
+# an admin site of its own; its table exists only while a test that uses it runs.
+
+with isolate_apps("tests.testapp"):
+
+    class StateTicket(ClaimFieldsMixin, ClaimableMixin, models.Model):
+        title = models.CharField(max_length=50)
+        state = models.CharField(max_length=16, default="ready")
+
+        class ClaimMeta:
+            status_field = "state"
+            lease = 30
+
+        class Meta:
+            app_label = "testapp"
+            db_table = "testapp_state_ticket_admin"
+
+
+class StateTicketAdmin(ClaimableAdminMixin, admin.ModelAdmin):
+    list_display = ["title"]
+
+
+state_site = admin.AdminSite(name="state_admin")
+state_site.register(StateTicket, StateTicketAdmin)
+#: URLconf of the tests marked ``@pytest.mark.urls("tests.test_admin")``.
+urlpatterns = [path("admin/", admin.site.urls), path("state-admin/", state_site.urls)]
+
+
+@pytest.fixture
+def state_tickets(transactional_db):
+    """The ``StateTicket`` table with three rows in different states, dropped afterwards."""
+    with connection.schema_editor() as editor:
+        editor.create_model(StateTicket)
+    try:
+        for title, state in (("t1", "ready"), ("t2", "done"), ("t3", "failed")):
+            StateTicket.objects.create(title=title, state=state)
+        yield
+    finally:
+        with connection.schema_editor() as editor:
+            editor.delete_model(StateTicket)
+
+
+@pytest.mark.urls("tests.test_admin")
+def test_status_column_orders_by_a_custom_status_field(admin_client, state_tickets):
+    url = reverse("admin:testapp_stateticket_changelist", current_app="state_admin")
+    resp = admin_client.get(url)
+    assert resp.status_code == 200
+    column = resp.context["cl"].list_display.index("status_badge")
+    assert 'class="sortable column-status_badge' in resp.content.decode()
+    resp = admin_client.get(f"{url}?o={column}")
+    assert resp.status_code == 200
+    assert [t.title for t in resp.context["cl"].result_list] == ["t2", "t3", "t1"]
+    resp = admin_client.get(f"{url}?o=-{column}")
+    assert resp.status_code == 200
+    assert [t.title for t in resp.context["cl"].result_list] == ["t1", "t3", "t2"]
+    assert resp.context["taskclaim_summary"]["stats"].counts["done"] == 1
+
+
+@pytest.mark.django_db
+def test_status_column_of_the_default_status_field_still_orders_by_it(admin_client):
+    make("failed", 1)
+    make("done", 1)
+    make("ready", 1)
+    resp = admin_client.get(reverse(CHANGELIST))
+    column = resp.context["cl"].list_display.index("status_badge")
+    resp = admin_client.get(f"{reverse(CHANGELIST)}?o={column}")
+    assert resp.status_code == 200
+    assert [d.status for d in resp.context["cl"].result_list] == ["done", "failed", "ready"]

@@ -8,8 +8,8 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db.models.functions import Now
 
+from django_taskclaim.db import DbNow
 from django_taskclaim.models import WorkerProcess
 from django_taskclaim.monitoring import prune
 from tests.testapp.models import Document, Job
@@ -24,18 +24,18 @@ def run(*args: str) -> str:
 def seed() -> None:
     docs = Document.objects.bulk_create([Document(title=f"d{i}") for i in range(10)])
     pk = [d.pk for d in docs]
-    Document.objects.filter(pk__in=pk[:3]).update(status="done", finished_at=Now())
+    Document.objects.filter(pk__in=pk[:3]).update(status="done", finished_at=DbNow())
     Document.objects.filter(pk__in=pk[3:5]).update(
-        status="done", finished_at=Now() - timedelta(days=10)
+        status="done", finished_at=DbNow() - timedelta(days=10)
     )
     Document.objects.filter(pk=pk[5]).update(
-        status="failed", finished_at=Now() - timedelta(days=10)
+        status="failed", finished_at=DbNow() - timedelta(days=10)
     )
     Document.objects.filter(pk=pk[6]).update(
-        status="cancelled", finished_at=Now() - timedelta(days=10)
+        status="cancelled", finished_at=DbNow() - timedelta(days=10)
     )
     Document.objects.filter(pk=pk[7]).update(
-        status="processing", locked_until=Now() - timedelta(seconds=1), locked_by="w"
+        status="processing", locked_until=DbNow() - timedelta(seconds=1), locked_by="w"
     )
     Job.objects.create(name="j")
 
@@ -110,7 +110,7 @@ def test_prune_dry_run_then_delete():
 def test_prune_batches_are_bounded_and_recheck_state():
     docs = Document.objects.bulk_create([Document(title=f"d{i}") for i in range(25)])
     Document.objects.filter(pk__in=[d.pk for d in docs]).update(
-        status="done", finished_at=Now() - timedelta(days=3)
+        status="done", finished_at=DbNow() - timedelta(days=3)
     )
     deleted = prune(Document, older_than=timedelta(days=1), batch_size=10, max_batches=1)
     assert deleted == 10

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from django.db import connections
-from django.db.models.functions import Now
 
+from django_taskclaim.db import DbNow
 from django_taskclaim.models import WorkerProcess
 from tests.testapp.models import Document
 
@@ -68,10 +68,10 @@ def test_retry_failed_from_the_browser(live_server, django_user_model, browser_p
     django_user_model.objects.create_superuser("boss", "boss@example.com", "browser-pw")
     docs = Document.objects.bulk_create([Document(title=f"invoice {i:03d}") for i in range(30)])
     pks = [d.pk for d in docs]
-    Document.objects.filter(pk__in=pks[:12]).update(status="done", finished_at=Now(), attempts=1)
+    Document.objects.filter(pk__in=pks[:12]).update(status="done", finished_at=DbNow(), attempts=1)
     Document.objects.filter(pk__in=pks[12:19]).update(
         status="failed",
-        finished_at=Now(),
+        finished_at=DbNow(),
         attempts=5,
         last_error="Traceback (most recent call last):\n  ...\nTimeoutError: OCR took too long",
     )
@@ -79,7 +79,7 @@ def test_retry_failed_from_the_browser(live_server, django_user_model, browser_p
         status="processing",
         locked_by="host-a:4242",
         attempts=1,
-        locked_until=Now() + timedelta(seconds=240),
+        locked_until=DbNow() + timedelta(seconds=240),
     )
     WorkerProcess.objects.create(
         worker_id="host-a:4242",

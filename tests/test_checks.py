@@ -100,3 +100,51 @@ def test_missing_handler_and_index_warn(monkeypatch):
         assert {"taskclaim.W001", "taskclaim.W004"} <= set(ids(check_models()))
     finally:
         _cache.pop(Document, None)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("TASKCLAIM_LEASE", 0),
+        ("TASKCLAIM_LEASE", float("inf")),
+        ("TASKCLAIM_LEASE", 1e300),
+        ("TASKCLAIM_MAX_ATTEMPTS", 0),
+        ("TASKCLAIM_REAP_BATCH", 10**12),
+        ("TASKCLAIM_POLL_INTERVAL", float("nan")),
+        ("TASKCLAIM_HEARTBEAT_INTERVAL", -1),
+        ("TASKCLAIM_WORKER_SILENT_AFTER", "soon"),
+    ],
+)
+def test_numeric_settings_out_of_bounds_are_errors(name, value):
+    with override_settings(**{name: value}):
+        msgs = [m for m in check_settings() if m.id == "taskclaim.E005"]
+    assert len(msgs) == 1
+    assert name in msgs[0].msg
+    assert "from" in msgs[0].hint
+
+
+@override_settings(TASKCLAIM_HEARTBEAT_INTERVAL=150, TASKCLAIM_LEASE=300)
+def test_heartbeat_that_cannot_keep_the_lease_alive_is_an_error():
+    _cache.clear()
+    try:
+        msgs = [m for m in check_models() if m.id == "taskclaim.E006"]
+    finally:
+        _cache.clear()
+    assert any(m.obj is Document for m in msgs)
+    assert "not under half the lease" in msgs[0].msg
+
+
+@override_settings(TASKCLAIM_HEARTBEAT_INTERVAL=None, TASKCLAIM_LEASE=300)
+def test_default_heartbeat_a_third_of_each_lease_passes():
+    _cache.clear()
+    try:
+        assert not [m for m in check_models() if m.id == "taskclaim.E006"]
+    finally:
+        _cache.clear()
+
+
+@override_settings(TASKCLAIM_WORKER_DEAD_AFTER=60)
+def test_removed_setting_is_an_error_saying_why():
+    (msg,) = [m for m in check_settings() if m.id == "taskclaim.E007"]
+    assert "TASKCLAIM_WORKER_DEAD_AFTER" in msg.msg
+    assert "SILENT" in msg.hint or "silent" in msg.hint

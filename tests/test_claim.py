@@ -6,7 +6,6 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
-from django.db.models.functions import Now
 from django.utils import timezone
 
 from django_taskclaim import (
@@ -15,6 +14,7 @@ from django_taskclaim import (
     NotClaimableError,
     StrategyNotSupportedError,
 )
+from django_taskclaim.db import DbNow
 from django_taskclaim.querysets import ClaimQuerySet
 from django_taskclaim.signals import task_claimed
 from tests.testapp.models import Document, Job, Ledger
@@ -39,7 +39,7 @@ def supported(strategy):
 
 
 def db_now():
-    return Document.objects.annotate(now=Now()).values_list("now", flat=True)[:1].get()
+    return Document.objects.annotate(now=DbNow()).values_list("now", flat=True)[:1].get()
 
 
 @pytest.mark.parametrize("strategy", ALL)
@@ -215,7 +215,8 @@ def test_async_claim():
     assert row.title == "a"
 
 
-def test_sqlite_claim_is_one_statement():
+def test_sqlite_claim_is_one_read_and_one_write():
+    """The whole batch: one SELECT of candidates, one conditional UPDATE … RETURNING."""
     from django.test.utils import CaptureQueriesContext
 
     if connection.vendor != "sqlite":
@@ -224,8 +225,8 @@ def test_sqlite_claim_is_one_statement():
     with CaptureQueriesContext(connection) as q:
         rows = Document.objects.claim(10)
     assert len(rows) == 10
-    assert len(q.captured_queries) == 1
-    assert q.captured_queries[0]["sql"].startswith("UPDATE")
+    verbs = [s["sql"].split()[0] for s in q.captured_queries]
+    assert [v for v in verbs if v in ("SELECT", "UPDATE")] == ["SELECT", "UPDATE"]
 
 
 @pytest.mark.parametrize("strategy", ALL)
@@ -250,3 +251,50 @@ def test_reused_claim_sql_never_leaks_between_filtered_and_plain_claims(strategy
     assert row._state.db == "default"
     row.complete(result="ok")  # a normal, fenced instance
     assert Document.objects.get(pk=row.pk).result == "ok"
+
+
+@pytest.mark.parametrize("strategy", ALL)
+@pytest.mark.parametrize("shape", ["only", "defer"])
+def test_only_and_defer_querysets_claim_fully_loaded_rows(strategy, shape):
+    """A claim from ``.only()`` / ``.defer()`` returns rows with every field loaded: no
+    lazy read after the claim could see another holder's state."""
+    from django.test.utils import CaptureQueriesContext
+
+    supported(strategy)
+    Document.objects.bulk_create([Document(title=f"o{i}", payload={"n": i}) for i in range(3)])
+    qs = Document.objects.only("title") if shape == "only" else Document.objects.defer("payload")
+    rows = claim(qs, 2, strategy)
+    assert len(rows) == 2
+    with CaptureQueriesContext(connection) as q:
+        seen = [(r.status, r.version, r.attempts, r.payload, bool(r.locked_by)) for r in rows]
+    assert q.captured_queries == []
+    assert seen == [("processing", 1, 1, {"n": 0}, True), ("processing", 1, 1, {"n": 1}, True)]
+    rows[0].complete()
+    assert Document.objects.get(pk=rows[0].pk).status == "done"
+
+
+def test_cas_never_returns_a_row_taken_over_between_its_update_and_its_read(monkeypatch):
+    """Compare-and-set claims with one UPDATE per row, then re-reads the rows it won. If a
+    row was released and re-claimed in between, the re-read (fenced on pk, version and
+    status) leaves it out: the claimer never runs a row someone else holds."""
+    from django_taskclaim import strategies
+
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite's compare-and-set is one read and one write in one transaction")
+    docs = Document.objects.bulk_create([Document(title=f"c{i}") for i in range(2)])
+    original = strategies.read_claimed
+
+    def interfere(base, opts, won):
+        victim = docs[0].pk
+        assert victim in won
+        # Another actor releases it (token bump) and a second worker claims it.
+        Document.objects.filter(pk=victim).update(status="ready", version=won[victim] + 1)
+        assert [r.pk for r in Document.objects.filter(pk=victim).claim(1, worker="other")] == [
+            victim
+        ]
+        return original(base, opts, won)
+
+    monkeypatch.setattr(strategies, "read_claimed", interfere)
+    rows = Document.objects.claim(2, strategy="cas", worker="me")
+    assert [r.pk for r in rows] == [docs[1].pk]
+    assert Document.objects.get(pk=docs[0].pk).locked_by == "other"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,14 +81,34 @@ def project_counts(env: dict[str, str]) -> dict[str, object]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def last_progress_line(out: str) -> str:
+    return [line for line in out.splitlines() if line.startswith("[")][-1]
+
+
+def summary_jobs(out: str) -> int:
+    """The parser jobs the summary counts (its line: "parser jobs success 5, failed 1")."""
+    line = next(line for line in out.splitlines() if line.strip().startswith("parser jobs"))
+    return sum(int(n) for n in re.findall(r"\d+", line))
+
+
 def test_demo_drains_every_document_and_a_second_run_reuses_everything(demo_env):
     out = run_demo(demo_env)
-    assert f"embedded PostgreSQL (data in {demo_env['EMBEDDED_PG_DIR']})" in out
+    pg_dir = demo_env["EMBEDDED_PG_DIR"]
+    assert f"demo: creating and starting an embedded PostgreSQL in {pg_dir}" in out
+    if os.geteuid() == 0:  # PostgreSQL refuses root: the demo says which user runs it
+        assert "demo: running as root; PostgreSQL refuses to run as root" in out
+    assert f"embedded PostgreSQL (data in {pg_dir})" in out
     assert "admin user: created 'admin'" in out
     assert "seeded: 60 documents and 6 parser jobs" in out
+    # Not a terminal: the progress lines still end at the final count.
+    assert " 60/60 " in last_progress_line(out)
     assert "drained     yes, every document reached done or failed" in out
+    assert summary_jobs(out) == 6
     assert "make serve" in out
     assert "password 'demo-test-pw'" in out
+    # What it leaves running, and how to stop it.
+    assert f"still running: the embedded PostgreSQL (data dir {pg_dir}," in out
+    assert f"stop it with:  EMBEDDED_PG_DIR={pg_dir} make clean-db" in out
     counts = project_counts(demo_env)
     assert set(counts["docs"]) <= {"done", "failed"}
     assert sum(counts["docs"].values()) == 60
@@ -98,8 +119,12 @@ def test_demo_drains_every_document_and_a_second_run_reuses_everything(demo_env)
     demo_env["DEMO_DOCS"] = "20"
     demo_env["DEMO_JOBS"] = "0"
     out = run_demo(demo_env)
+    assert "demo: creating" not in out  # the server still runs: reused as it is
+    assert "demo: starting" not in out
     assert "admin user: reusing 'admin'" in out
+    assert " 20/20 " in last_progress_line(out)
     assert "drained     yes" in out
+    assert "parser jobs none" in out  # this run's jobs only: the first run's 6 are not counted
     counts = project_counts(demo_env)
     assert sum(counts["docs"].values()) == 80
     assert set(counts["docs"]) <= {"done", "failed"}

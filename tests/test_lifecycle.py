@@ -6,10 +6,10 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
-from django.db.models.functions import Now
 from django.test import override_settings
 
 from django_taskclaim import ClaimLost, Fail, Retry, reap
+from django_taskclaim.db import DbNow
 from django_taskclaim.lifecycle import run_task
 from tests.testapp.models import Document, Job, Ledger
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def expire(*rows):
     """Move leases into the past on the database clock (as if time had passed)."""
     Document.objects.filter(pk__in=[r.pk for r in rows]).update(
-        locked_until=Now() - timedelta(seconds=1)
+        locked_until=DbNow() - timedelta(seconds=1)
     )
 
 
@@ -161,7 +161,7 @@ def test_retry_with_explicit_delay_on_database_clock():
     Document.objects.create()
     row = Document.objects.claim_next()
     row.retry(delay=timedelta(minutes=10))
-    db = Document.objects.annotate(now=Now()).get(pk=row.pk)
+    db = Document.objects.annotate(now=DbNow()).get(pk=row.pk)
     assert 590 < (db.run_after - db.now).total_seconds() <= 600
 
 
@@ -178,7 +178,7 @@ def test_extend_lease_keeps_the_token():
     Document.objects.create()
     row = Document.objects.claim_next(lease=5)
     row.extend_lease(300)
-    db = Document.objects.annotate(now=Now()).get(pk=row.pk)
+    db = Document.objects.annotate(now=DbNow()).get(pk=row.pk)
     assert db.version == row.version
     assert 290 < (db.locked_until - db.now).total_seconds() <= 300
     row.complete()
@@ -344,3 +344,111 @@ def test_complete_many_on_a_mapped_integer_status_table():
     assert Job.objects.complete_many(rows[:2]) == []
     assert sorted(Job.objects.values_list("status", flat=True)) == [Job.SUCCESS] * 2 + [Job.PENDING]
     assert all(r.status == Job.SUCCESS for r in rows[:2])
+
+
+def test_fenced_complete_commits_the_writes_and_done_together():
+    Document.objects.create(title="a")
+    (task,) = Document.objects.claim(1)
+    with task.fenced(complete=True):
+        Ledger.objects.create(task_id=task.pk, token=task.version, worker="w")
+    row = Document.objects.get(pk=task.pk)
+    assert (row.status, row.version) == ("done", task.version)
+    assert task.status == "done"
+    assert Ledger.objects.filter(task_id=task.pk).count() == 1
+
+
+def test_fenced_complete_that_raises_commits_nothing_and_restores_the_task():
+    Document.objects.create(title="a")
+    (task,) = Document.objects.claim(1)
+    token = task.version
+
+    def body():
+        with task.fenced(complete=True):
+            Ledger.objects.create(task_id=task.pk, token=task.version, worker="w")
+            task.complete(result="premature")  # rolled back with the rest
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        body()
+    assert not Ledger.objects.exists()
+    assert (task.status, task.version) == ("processing", token)  # as on entry
+    row = Document.objects.get(pk=task.pk)
+    assert (row.status, row.version, row.result) == ("processing", token, "")
+    assert task.retry(delay=0) == "ready"  # the token still matches the row
+
+
+def test_fenced_complete_keeps_a_completion_made_in_the_block():
+    Document.objects.create(title="a")
+    (task,) = Document.objects.claim(1)
+    with task.fenced(complete=True):
+        task.complete(result="from the block")
+    assert Document.objects.get(pk=task.pk).result == "from the block"
+
+
+def test_atomic_meta_rolls_back_a_body_whose_result_cannot_be_stored(monkeypatch):
+    Document.objects.create(title="a")
+    (task,) = Document.objects.claim(1)
+    monkeypatch.setattr(Document.ClaimMeta, "atomic", True, raising=False)
+    from django_taskclaim import options
+
+    options._cache.pop(Document, None)
+    try:
+
+        def body(row):
+            Ledger.objects.create(task_id=row.pk, token=row.version, worker="w")
+            return {"no_such_field": 1}
+
+        assert run_task(task, body) == "ready"
+    finally:
+        monkeypatch.undo()
+        options._cache.pop(Document, None)
+    assert not Ledger.objects.exists()
+    assert "no_such_field" in Document.objects.get(pk=task.pk).last_error
+
+
+def test_atomic_meta_must_be_a_bool(monkeypatch):
+    from django_taskclaim import ConfigurationError, get_options, options
+
+    monkeypatch.setattr(Document.ClaimMeta, "atomic", "yes", raising=False)
+    options._cache.pop(Document, None)
+    try:
+        with pytest.raises(ConfigurationError, match="atomic must be True or False"):
+            get_options(Document).atomic  # noqa: B018
+    finally:
+        monkeypatch.undo()
+        options._cache.pop(Document, None)
+
+
+@pytest.mark.parametrize("shape", ["same fields", "mixed fields"])
+def test_deferred_result_fields_are_written_per_row_in_one_update(shape):
+    """run_task(defer=...) with a BatchableResult keeps each row's fields; complete_many
+    writes them all in one fenced UPDATE, each row its own values, and calls on_written."""
+    from django.test.utils import CaptureQueriesContext
+
+    from django_taskclaim.lifecycle import BatchableResult, complete_many
+
+    Document.objects.bulk_create([Document(title=f"b{i}") for i in range(4)])
+    rows = Document.objects.claim(4)
+    written: list[int] = []
+    buffered: list = []
+    for i, row in enumerate(rows):
+        fields = {"result": f"r{row.pk}"}
+        if shape == "mixed fields" and i % 2:
+            fields["kind"] = "odd"
+        result = BatchableResult(fields, on_written=lambda pk=row.pk: written.append(pk))
+        assert run_task(row, lambda _row, r=result: r, defer=buffered.append) == "deferred"
+    rows[1].release()  # one claim is lost before the batch is written
+    with CaptureQueriesContext(connection) as ctx:
+        lost = complete_many(buffered)
+    assert [t.pk for t in lost] == [rows[1].pk]
+    updates = [q for q in ctx.captured_queries if q["sql"].startswith("UPDATE")]
+    assert len(updates) == 1
+    assert sorted(written) == sorted(r.pk for r in rows if r.pk != rows[1].pk)
+    for i, row in enumerate(rows):
+        got = Document.objects.get(pk=row.pk)
+        if row.pk == rows[1].pk:
+            assert (got.status, got.result) == ("ready", "")
+            continue
+        assert (got.status, got.result) == ("done", f"r{row.pk}")
+        expected_kind = "odd" if shape == "mixed fields" and i % 2 else Document().kind
+        assert got.kind == expected_kind

@@ -5,18 +5,20 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.db.models.functions import Now
 from django.test import override_settings
 
 from django_taskclaim import reap
+from django_taskclaim.db import DbNow
+from django_taskclaim.reaper import release_worker
 from django_taskclaim.signals import task_reaped
+from django_taskclaim.strategies import was_recovered
 from tests.testapp.models import Document, Job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def expire(qs):
-    qs.update(locked_until=Now() - timedelta(seconds=1))
+    qs.update(locked_until=DbNow() - timedelta(seconds=1))
 
 
 def test_reap_requeues_expired_and_fails_exhausted():
@@ -32,7 +34,10 @@ def test_reap_requeues_expired_and_fails_exhausted():
     assert failed.last_error == "lease expired; held by dead-worker"
     assert failed.version == rows[0].version + 1
     back = Document.objects.get(pk=rows[1].pk)
-    assert (back.status, back.locked_until) == ("ready", None)
+    # A requeued row keeps its old lease end: that marks it recovered for the next claim.
+    assert back.status == "ready"
+    assert back.locked_until is not None
+    assert failed.locked_until is None
     # Unexpired leases are untouched.
     assert Document.objects.processing().count() == 2
     assert reap(Document).total == 0
@@ -72,20 +77,39 @@ def test_reap_in_batches_and_dry_run():
     assert Document.objects.ready().count() == 25
 
 
-def test_reap_by_dead_holder_ignores_the_lease():
+def test_plain_reap_never_takes_a_valid_lease_whatever_the_holder():
+    """Silence is not death: reap() looks at the lease only."""
+    Document.objects.bulk_create([Document() for _ in range(2)])
+    Document.objects.claim(2, worker="host:1")
+    assert reap(Document).total == 0
+    assert Document.objects.processing().count() == 2
+
+
+def test_release_worker_takes_back_a_proven_dead_holders_rows():
     Document.objects.bulk_create([Document() for _ in range(4)])
     Document.objects.claim(2, worker="host:1")
     Document.objects.claim(2, worker="host:2")
-    result = reap(Document, held_by=["host:1"])
+    assert release_worker("host:1", Document, dry_run=True).requeued == 2
+    assert Document.objects.processing().count() == 4
+    result = release_worker("host:1", Document)
     assert result.requeued == 2
     assert set(Document.objects.processing().values_list("locked_by", flat=True)) == {"host:2"}
-    assert Document.objects.ready().first().last_error == "worker host:1 was found dead"
+    assert Document.objects.ready().first().last_error == "released from worker host:1"
+    again = Document.objects.claim(2, worker="host:3")
+    assert len(again) == 2
+    assert all(was_recovered(r) for r in again)
+    assert all(r.attempts == 2 for r in again)
+
+
+def test_release_worker_rejects_a_blank_id():
+    with pytest.raises(ValueError, match="non-empty string"):
+        release_worker("", Document)
 
 
 def test_reap_mapped_status_table_and_signal():
     Job.objects.bulk_create([Job(name="a"), Job(name="b")])
     Job.objects.claim(2)
-    Job.objects.update(locked_until=Now() - timedelta(seconds=1))
+    Job.objects.update(locked_until=DbNow() - timedelta(seconds=1))
     seen = []
 
     def receiver(sender, requeued, failed, **kw):
@@ -108,7 +132,7 @@ def test_reap_all_models_by_default():
     Document.objects.claim()
     Job.objects.claim()
     expire(Document.objects.all())
-    Job.objects.update(locked_until=Now() - timedelta(seconds=1))
+    Job.objects.update(locked_until=DbNow() - timedelta(seconds=1))
     result = reap()
     assert result.requeued == 2
     assert set(result.per_model) == {"testapp.Document", "testapp.Job"}

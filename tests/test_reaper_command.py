@@ -1,4 +1,4 @@
-"""``manage.py taskclaim_reap`` / ``reaper``: --once, --dry-run, --interval, dead workers."""
+"""``manage.py taskclaim_reap`` / ``reaper``: --once, --dry-run, --interval, --release-worker."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
-from django.db.models.functions import Now
 
+from django_taskclaim.db import DbNow
 from django_taskclaim.models import WorkerProcess
 from tests.helpers import wait_for
 from tests.testapp.models import Document
@@ -54,19 +54,40 @@ def test_once_requeues_expired_and_fails_exhausted(stuck):
     assert reap("--once").endswith("total: requeued=0 failed=0\n")
 
 
-def test_rows_of_dead_workers_are_recovered_before_their_lease(settings):
-    settings.TASKCLAIM_WORKER_DEAD_AFTER = 30
+def test_silent_workers_keep_their_rows_until_an_operator_releases_them():
+    """Registry silence is shown, never acted on: only --release-worker takes a valid lease."""
     Document.objects.bulk_create([Document(title="a"), Document(title="b")])
     WorkerProcess.objects.create(worker_id="ghost", hostname="h", pid=1)
-    WorkerProcess.objects.create(worker_id="alive", hostname="h", pid=2)
-    WorkerProcess.objects.filter(worker_id="ghost").update(last_seen=Now() - timedelta(minutes=5))
+    WorkerProcess.objects.filter(worker_id="ghost").update(last_seen=DbNow() - timedelta(hours=5))
     Document.objects.claim(1, lease=3600, worker="ghost")
     Document.objects.claim(1, lease=3600, worker="alive")
-    assert "requeued=0" in reap("--once", "--no-dead-workers")
-    assert "testapp.Document: requeued=1 failed=0" in reap("--once")
+    assert "requeued=0" in reap("--once")
+    assert Document.objects.processing().count() == 2
+    out = reap("--once", "--release-worker", "ghost", "--dry-run")
+    assert "testapp.Document: would requeue=1 would fail=0" in out
+    assert Document.objects.processing().count() == 2
+    assert "testapp.Document: requeued=1 failed=0" in reap("--once", "--release-worker", "ghost")
     assert Document.objects.processing().get().locked_by == "alive"
-    assert WorkerProcess.objects.get(worker_id="ghost").stopped_at is not None
-    assert WorkerProcess.objects.get(worker_id="alive").stopped_at is None
+    back = Document.objects.ready().get()
+    assert back.last_error == "released from worker ghost by an operator (taskclaim_reap)"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--release-worker", " "], "--release-worker needs a worker id"),
+        (["--interval", "inf"], "--interval must be"),
+        (["--interval", "nan"], "--interval must be"),
+        (["--batch", "0"], "--batch must be > 0"),
+        (["--batch", "x"], "--batch must be a number"),
+        (["nope.Model"], "nope.Model"),
+    ],
+)
+def test_bad_options_are_one_clear_line(args, message):
+    from django.core.management import CommandError
+
+    with pytest.raises(CommandError, match=message.replace(".", r"\.")):
+        reap(*args)
 
 
 def test_interval_loops_until_sigterm(transactional_db):

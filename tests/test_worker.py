@@ -9,8 +9,8 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
-from django.db.models.functions import Now
 
+from django_taskclaim.db import DbNow
 from django_taskclaim.models import WorkerProcess
 from django_taskclaim.notify import connect_signals, notify
 from tests.helpers import wait_for
@@ -94,11 +94,14 @@ def start_quiet_until_started(procs, slow, *args) -> WorkerProc:
         *args,
         claim_meta={"handler": "tests.worker_handlers.process_logged_quietly"},
     )
-    wait_for(
-        lambda: Ledger.objects.filter(task_id=slow.pk).exists(),
-        timeout=60,
-        what="the slow task to start after the quick ones",
-    )
+    try:
+        wait_for(
+            lambda: Ledger.objects.filter(task_id=slow.pk).exists(),
+            timeout=60,
+            what="the slow task to start after the quick ones",
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{w.stderr()}") from None
     return w
 
 
@@ -106,7 +109,7 @@ def test_buffered_completions_are_written_before_a_graceful_exit(procs):
     """Completions held in the ack window are flushed when the worker stops on SIGTERM."""
     quick = Document.objects.bulk_create([Document(title=f"q{i}") for i in range(10)])
     slow = Document.objects.create(title="slow", payload={"sleep": 3})
-    w = start_quiet_until_started(procs, slow, "--ack-window", "600", "--grace", "60")
+    w = start_quiet_until_started(procs, slow, "--ack-window", "60", "--grace", "60")
     assert attempts_started() == 11
     # the quick ones ran, but their completions wait in the window
     assert Document.objects.processing().filter(pk__in=[d.pk for d in quick]).count() == 10
@@ -306,18 +309,32 @@ def test_poison_task_fails_after_max_attempts_while_others_flow(procs):
     assert sup.stop() == 0
 
 
-def test_dead_worker_rows_recovered_before_their_lease_ends(procs):
-    doc = Document.objects.create(title="orphan")
+def test_a_silent_holders_valid_lease_is_never_taken_by_a_worker(procs):
+    """NO EARLY RE-RUN: registry silence is not proof of death. The worker's reap pass
+    recovers the ghost's expired row but leaves the one whose lease is still valid."""
+    valid = Document.objects.create(title="valid lease")
+    lapsed = Document.objects.create(title="lapsed lease")
     WorkerProcess.objects.create(worker_id="ghost", hostname="gone", pid=1)
-    WorkerProcess.objects.filter(worker_id="ghost").update(last_seen=Now() - timedelta(hours=1))
-    assert Document.objects.claim(1, lease=3600, worker="ghost")[0].pk == doc.pk
-    start(procs, "testapp.Document", settings={**FAST, "TASKCLAIM_WORKER_DEAD_AFTER": 5})
-    wait_for(
-        lambda: Document.objects.done().filter(pk=doc.pk).exists(),
-        timeout=30,
-        what="orphan done long before its 1 h lease",
+    WorkerProcess.objects.filter(worker_id="ghost").update(last_seen=DbNow() - timedelta(hours=1))
+    held = Document.objects.claim(1, lease=3600, worker="ghost")[0]
+    assert held.pk == valid.pk
+    assert Document.objects.claim(1, lease=0.05, worker="ghost")[0].pk == lapsed.pk
+    wait_for(lambda: Document.objects.expired().exists(), timeout=10, what="short lease lapses")
+    start(
+        procs,
+        "testapp.Document",
+        settings={**FAST, "TASKCLAIM_WORKER_SILENT_AFTER": 1},
+        claim_meta={"handler": "tests.worker_handlers.process_logged_quietly"},
     )
-    assert WorkerProcess.objects.get(worker_id="ghost").stopped_at is not None
+    wait_for(
+        lambda: Document.objects.done().filter(pk=lapsed.pk).exists(),
+        timeout=30,
+        what="the lapsed row recovered and run (a reap pass happened)",
+    )
+    row = Document.objects.get(pk=valid.pk)
+    assert (row.status, row.locked_by, row.version) == ("processing", "ghost", held.version)
+    assert Ledger.objects.filter(task_id=lapsed.pk).exists()  # attempts are logged
+    assert not Ledger.objects.filter(task_id=valid.pk).exists()
 
 
 def test_supervisor_forwards_sigterm(procs):
@@ -410,3 +427,20 @@ def test_row_taken_back_before_it_started_is_skipped(procs):
     assert runs.count() == 1
     assert runs.get().token > 1
     assert len(effects(first.pk)) == 1
+
+
+def test_burst_says_what_is_left_and_until_empty_waits_for_scheduled_retries(procs):
+    """--burst exits once nothing is claimable *now* and says what is left (a retry
+    scheduled ahead); --burst --until-empty also waits for it."""
+    doc = Document.objects.create(title="retried", payload={"retry": 4})
+    w = start(procs, "testapp.Document", "--burst", claim_meta={"max_attempts": 2})
+    assert w.wait(60) == 0, w.stderr()
+    assert "burst finished; left: testapp.Document: ready=1 processing=0 failed=0" in w.stdout()
+    assert "(next due in" in w.stdout()
+    assert Document.objects.get(pk=doc.pk).status == "ready"
+    w2 = start(
+        procs, "testapp.Document", "--burst", "--until-empty", claim_meta={"max_attempts": 2}
+    )
+    assert w2.wait(60) == 0, w2.stderr()
+    assert Document.objects.get(pk=doc.pk).status == "failed"  # attempt 2 retried: budget spent
+    assert "left: testapp.Document: ready=0 processing=0 failed=1" in w2.stdout()

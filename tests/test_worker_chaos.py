@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-import signal
 import time
 from collections import Counter
 
@@ -14,7 +12,7 @@ from django.db import connection
 from tests.helpers import wait_for
 from tests.testapp.models import Document, Ledger
 from tests.worker_handlers import ATTEMPT
-from tests.worker_procs import ATOMIC, WorkerProc, stop_all
+from tests.worker_procs import ATOMIC, WorkerProc, kill_repeatedly, stop_all
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -60,27 +58,29 @@ def test_chaos_sigkill_random_workers(procs):
         [Document(title=f"c{i}", payload={"sleep": seconds}) for i in range(n)], batch_size=500
     )
     alive = [spawn(procs, f"chaos-{i}") for i in range(4)]
-    spawned = 4
-    rng = random.Random(20261122)
+    spawned = [4]
     final_leases: list[tuple[int, int, object]] = []  # (pk, token, locked_until) of the dead
-    kills = 0
-    started = time.monotonic()
-    while time.monotonic() - started < 24 and Document.objects.done().count() < n:
-        next_kill = time.monotonic() + rng.uniform(1.5, 2.5)
-        wait_for(lambda t=next_kill: time.monotonic() >= t, timeout=5, interval=0.1,
-                 what="next kill")  # fmt: skip
-        victim = alive.pop(rng.randrange(len(alive)))
-        victim.signal(signal.SIGKILL)
-        victim.wait(10)
-        kills += 1
+
+    def record_final_leases(victim: WorkerProc) -> None:
         # The dead process can no longer extend its leases: these are their final ends.
-        final_leases += (
+        final_leases.extend(
             Document.objects.processing()
             .filter(locked_by=victim.args[victim.args.index("--worker-id") + 1])
             .values_list("pk", "version", "locked_until")
         )
-        alive.append(spawn(procs, f"chaos-{spawned}"))
-        spawned += 1
+
+    def respawn() -> WorkerProc:
+        spawned[0] += 1
+        return spawn(procs, f"chaos-{spawned[0] - 1}")
+
+    kills = kill_repeatedly(
+        alive,
+        respawn,
+        seconds=24,
+        done=lambda: Document.objects.done().count() >= n,
+        seed=20261122,
+        on_kill=record_final_leases,
+    )
     wait_for(lambda: Document.objects.done().count() == n, timeout=120, interval=0.25,
              what="drain after the chaos")  # fmt: skip
     assert kills >= 5

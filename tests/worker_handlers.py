@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
+from tests.helpers import simulate_work
 from tests.testapp.models import Ledger
 
 ATTEMPT = "attempt:"
@@ -23,9 +23,7 @@ def process_atomic(task):
     if payload.get("kill"):
         os.kill(os.getpid(), signal.SIGKILL)
     if payload.get("sleep"):
-        deadline = time.monotonic() + float(payload["sleep"])
-        while time.monotonic() < deadline:
-            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+        simulate_work(payload["sleep"])
     with task.fenced():
         Ledger.objects.create(task_id=task.pk, token=task.version, worker=task.locked_by)
         task.complete(result=f"processed {task.pk}")
@@ -39,8 +37,77 @@ def process_quietly(task):
 def process_logged_quietly(task):
     """Log the attempt, sleep as the payload says, return no result fields."""
     Ledger.objects.create(task_id=task.pk, token=task.version, worker=ATTEMPT + task.locked_by)
-    seconds = float((task.payload or {}).get("sleep", 0))
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+    simulate_work((task.payload or {}).get("sleep", 0))
     return None
+
+
+BASE_EXCEPTIONS = {
+    "SystemExit": SystemExit,
+    "KeyboardInterrupt": KeyboardInterrupt,
+    "GeneratorExit": GeneratorExit,
+}
+
+
+def process_hostile(task):
+    """Log the attempt, then do what the payload says: ``{"base": "SystemExit"}`` raises
+    that ``BaseException``; ``{"kill": true}`` SIGKILLs the process; ``{"sleep": s}``."""
+    Ledger.objects.create(task_id=task.pk, token=task.version, worker=ATTEMPT + task.locked_by)
+    payload = task.payload or {}
+    if payload.get("kill"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if payload.get("base"):
+        raise BASE_EXCEPTIONS[payload["base"]]("raised by the task")
+    simulate_work(payload.get("sleep", 0))
+    return None
+
+
+# -- exactly-once vs at-least-once (tests/test_exactly_once.py) ---------------------------
+def _effect(task):
+    """The task's database side effect: one ledger row per committed run."""
+    Ledger.objects.create(task_id=task.pk, token=task.version, worker=task.locked_by)
+
+
+def _misbehave(task):
+    """On the first attempt only, after the effect: what ``payload["then"]`` says —
+    ``kill`` (SIGKILL this process), ``raise`` (an error) or ``retry`` (``Retry``)."""
+    from django_taskclaim import Retry
+
+    then = (task.payload or {}).get("then")
+    if task.attempts != 1 or not then:
+        return
+    if then == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if then == "raise":
+        raise RuntimeError("failed after writing its effect")
+    if then == "retry":
+        raise Retry(delay=0, reason="asked to retry after writing its effect")
+
+
+def _start(task):
+    Ledger.objects.create(task_id=task.pk, token=task.version, worker=ATTEMPT + task.locked_by)
+    simulate_work((task.payload or {}).get("sleep", 0))
+
+
+def process_fenced_complete(task):
+    """EXACTLY ONCE: the effect and the completion commit together."""
+    _start(task)
+    with task.fenced(complete=True):
+        _effect(task)
+        _misbehave(task)
+
+
+def process_fenced_only(task):
+    """AT LEAST ONCE: the effect commits with the block; the completion comes later."""
+    _start(task)
+    with task.fenced():
+        _effect(task)
+    _misbehave(task)
+
+
+def process_plain(task):
+    """For ``ClaimMeta.atomic = True``: a plain body; the worker makes it one transaction
+    with the completion (the result field is written in it too)."""
+    _start(task)
+    _effect(task)
+    _misbehave(task)
+    return {"result": f"atomic {task.pk}"}

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from typing import Any
 
 from tests.helpers import child_env, wait_for
@@ -35,6 +38,7 @@ class WorkerProc:
         self.out = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed by close()
         self.err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self.args = args
+        self.command = command
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.worker_entry", command, *args],
             env=env,
@@ -70,7 +74,16 @@ class WorkerProc:
         assert self.alive(), f"worker exited early:\n{self.stdout()}\n{self.stderr()}"
 
     def stop(self, timeout: float = 60) -> int:
-        """SIGTERM and wait; SIGKILL if it does not stop in time."""
+        """SIGTERM and wait; SIGKILL if it does not stop in time.
+
+        A worker is first waited for until it has printed its startup line (printed once
+        its signal handlers are in place): a SIGTERM before that would kill it outright."""
+        if self.command == "taskclaim_worker" and self.alive():
+            wait_for(
+                lambda: "taskclaim worker" in self.stdout() or not self.alive(),
+                timeout=timeout,
+                what="worker startup line before SIGTERM",
+            )
         if self.alive():
             self.signal(signal.SIGTERM)
         try:
@@ -81,8 +94,12 @@ class WorkerProc:
             raise AssertionError(f"worker did not stop:\n{self.stderr()[-3000:]}") from None
 
     def kill(self) -> None:
-        if self.alive():
-            self.signal(signal.SIGKILL)
+        """SIGKILL the whole process group: a supervisor's children too."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.proc.poll() is None:
             self.wait(10)
 
     def close(self) -> None:
@@ -108,3 +125,32 @@ def run_command(
         text=True,
         timeout=timeout,
     )
+
+
+def kill_repeatedly(
+    alive: list[WorkerProc],
+    respawn: Callable[[], WorkerProc],
+    *,
+    seconds: float,
+    done: Callable[[], bool],
+    seed: int,
+    on_kill: Callable[[WorkerProc], None] | None = None,
+) -> int:
+    """SIGKILL a random process of ``alive`` every 1.5-2.5 s for ``seconds`` (or until
+    ``done()``), replacing each with ``respawn()``; ``on_kill(victim)`` runs right after
+    each death. Returns how many were killed."""
+    rng = random.Random(seed)
+    kills = 0
+    started = time.monotonic()
+    while time.monotonic() - started < seconds and not done():
+        next_kill = time.monotonic() + rng.uniform(1.5, 2.5)
+        wait_for(lambda t=next_kill: time.monotonic() >= t, timeout=5, interval=0.1,
+                 what="next kill")  # fmt: skip
+        victim = alive.pop(rng.randrange(len(alive)))
+        victim.signal(signal.SIGKILL)
+        victim.wait(10)
+        kills += 1
+        if on_kill is not None:
+            on_kill(victim)
+        alive.append(respawn())
+    return kills

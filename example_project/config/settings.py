@@ -28,6 +28,8 @@ SECRET_KEY = (
 )
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
 
+# The data directory of the embedded PostgreSQL, when the project runs one (None otherwise).
+EMBEDDED_PG_DIR: Path | None = None
 if env("DATABASE_URL", default=""):
     DATABASES = {"default": env.db_url("DATABASE_URL")}
 else:
@@ -37,6 +39,7 @@ else:
     if not pg_dir.is_absolute():
         pg_dir = BASE_DIR.parent / pg_dir
     DATABASES = {"default": embedded.start(pg_dir)}
+    EMBEDDED_PG_DIR = pg_dir
 
 _db = DATABASES["default"]
 if _db["ENGINE"].endswith("sqlite3"):
@@ -89,7 +92,7 @@ STATIC_URL = "/static/"
 
 # django-taskclaim: project-wide defaults (each model may override them in ClaimMeta).
 TASKCLAIM_LEASE = 60
-TASKCLAIM_WORKER_DEAD_AFTER = 30
+TASKCLAIM_WORKER_SILENT_AFTER = 30
 
 # What a demo document's processing does (stored in each seeded row's payload).
 DEMO_WORK_SECONDS = env("DEMO_WORK_SECONDS")

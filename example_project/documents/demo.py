@@ -23,7 +23,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from .models import Document, ParserJob
-from .seeding import seed
+from .seeding import batch_jobs, seed
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 MANAGE = PROJECT_DIR / "manage.py"
@@ -145,9 +145,16 @@ class Demo:
             f"processing {c.get('processing', 0)}  {elapsed:5.1f}s  {rate:6.1f}/s"
         )
 
+    def new_batch(self) -> str:
+        """A batch name no earlier run used (two runs within one second get a suffix)."""
+        batch = timezone.now().strftime("run-%Y%m%d-%H%M%S")
+        if Document.objects.filter(batch=batch).exists() or batch_jobs(batch).exists():
+            batch = f"{batch}-{secrets.token_hex(2)}"
+        return batch
+
     def run(self) -> int:
         username, password = self.prepare()
-        batch = timezone.now().strftime("run-%Y%m%d-%H%M%S")
+        batch = self.new_batch()
         docs, jobs = seed(
             self.o.docs,
             batch=batch,
@@ -178,9 +185,9 @@ class Demo:
                     self.say(line)
                     last_line = time.monotonic()
                 open_rows = c.get("ready", 0) + c.get("processing", 0)
-                jobs_open = ParserJob.objects.filter(
-                    status__in=[ParserJob.NEW, ParserJob.PENDING]
-                ).exists()
+                jobs_open = (
+                    batch_jobs(batch).filter(status__in=[ParserJob.NEW, ParserJob.PENDING]).exists()
+                )
                 if not open_rows and not jobs_open:
                     break
                 if time.monotonic() > deadline:
@@ -207,13 +214,49 @@ class Demo:
                 time.sleep(0.2)
         finally:
             self.stop()
+        # The last progress line shows the final counts, on a terminal or not (a line
+        # printed every two seconds would otherwise end short of them).
+        final = self.bar(self.counts(batch), docs, started)
         if self.tty:
-            self.out.write("\n")
+            self.out.write("\r" + final + "\n")
+            self.out.flush()
+        else:
+            self.say(final)
         self.summary(batch, docs, started, rounds)
         self.say("")
         self.say("Open the admin:  make serve   then  http://127.0.0.1:8000/admin/")
         self.say(f"                 user {username!r}  password {password!r}")
+        self.still_running()
         return code
+
+    def still_running(self) -> None:
+        """Say what this run leaves behind and how to stop it."""
+        self.say("")
+        self.say("workers and reaper: stopped")
+        pg_dir = getattr(settings, "EMBEDDED_PG_DIR", None)
+        if not pg_dir:
+            self.say(f"database: {self.describe_database()} (not started by the demo; left as is)")
+            return
+        conf = settings.DATABASES["default"]
+        pid = ""
+        pidfile = Path(pg_dir) / "postmaster.pid"
+        if pidfile.exists():
+            pid = f", pid {pidfile.read_text().split()[0]}"
+        host, port = str(conf.get("HOST", "")), conf.get("PORT") or "5432"
+        where = (
+            f"Unix socket {host}/.s.PGSQL.{port}, no TCP port"
+            if host.startswith("/")
+            else f"{host or 'localhost'}:{port}"
+        )
+        self.say(
+            f"still running: the embedded PostgreSQL (data dir {pg_dir}, {where}{pid}); "
+            "the next run reuses it"
+        )
+        default = (PROJECT_DIR / "var" / "pg").resolve()
+        if Path(pg_dir).resolve() == default:
+            self.say("stop it with:  make clean-db   (or scripts/demo.sh stop)")
+        else:
+            self.say(f"stop it with:  EMBEDDED_PG_DIR={pg_dir} make clean-db")
 
     def stop(self) -> None:
         for proc in [*self.procs, *([self.reaper] if self.reaper else [])]:
@@ -237,7 +280,8 @@ class Demo:
                 self.say(f"  {state:<11} {c[state]}")
         self.say(f"  retried     {retried} (succeeded or failed after more than one attempt)")
         jobs = dict(
-            ParserJob.objects.order_by()
+            batch_jobs(batch)
+            .order_by()
             .values_list("status")
             .annotate(n=Count("pk"))
             .values_list("status", "n")
@@ -249,7 +293,8 @@ class Demo:
             ParserJob.PENDING: "pending",
         }
         self.say(
-            "  parser jobs " + ", ".join(f"{names.get(k, k)} {v}" for k, v in sorted(jobs.items()))
+            "  parser jobs "
+            + (", ".join(f"{names.get(k, k)} {v}" for k, v in sorted(jobs.items())) or "none")
         )
         rate = docs / elapsed if elapsed else 0
         self.say(f"  time        {elapsed:.1f}s ({rate:.0f} documents/s, {rounds} worker round(s))")

@@ -11,8 +11,8 @@ import random
 import time
 
 from django.db import models
-from django.db.models.functions import Now
 
+from django_taskclaim.db import DbNow
 from django_taskclaim.models import (
     ClaimableMixin,
     ClaimableModel,
@@ -71,8 +71,8 @@ class ParserJob(ClaimFieldsMixin, ErrorFieldMixin, ClaimableMixin, models.Model)
 
     url = models.CharField(max_length=300)
     status = models.SmallIntegerField(choices=STATUS_CHOICES, default=NEW, db_default=NEW)
-    create_time = models.DateTimeField(db_default=Now())
-    update_time = models.DateTimeField(db_default=Now())
+    create_time = models.DateTimeField(db_default=DbNow())
+    update_time = models.DateTimeField(db_default=DbNow())
     payload = models.JSONField(default=dict, blank=True)
     result = models.TextField(blank=True, default="")
 

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import QuerySet
 
 from .models import Document, ParserJob
 
 CHUNK = 1000
+
+
+def job_url_prefix(batch: str) -> str:
+    """Start of the URL of every parser job seeded with ``batch`` (the table has no batch)."""
+    return f"https://example.com/{batch}/"
+
+
+def batch_jobs(batch: str) -> QuerySet[ParserJob]:
+    """The parser jobs seeded with ``batch``."""
+    return ParserJob.objects.filter(url__startswith=job_url_prefix(batch))
 
 
 def seed(
@@ -37,10 +48,7 @@ def seed(
                 ]
             )
         ParserJob.objects.bulk_create(
-            [
-                ParserJob(url=f"https://example.com/{batch}/{i + 1}", payload=payload)
-                for i in range(jobs)
-            ]
+            [ParserJob(url=f"{job_url_prefix(batch)}{i + 1}", payload=payload) for i in range(jobs)]
         )
     _notify(Document)
     if jobs:

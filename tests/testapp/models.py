@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
-import time
+import uuid
 
 from django.db import models
-from django.db.models.functions import Now
 
+from django_taskclaim.db import DbNow
 from django_taskclaim.exceptions import Fail, Retry
 from django_taskclaim.models import (
     ClaimableMixin,
@@ -17,6 +17,7 @@ from django_taskclaim.models import (
     ErrorFieldMixin,
     claim_indexes,
 )
+from django_taskclaim.status import Status
 
 
 class Document(ClaimableModel):
@@ -40,9 +41,9 @@ class Document(ClaimableModel):
         if p.get("kill"):
             os.kill(os.getpid(), signal.SIGKILL)
         if p.get("sleep"):
-            deadline = time.monotonic() + float(p["sleep"])
-            while time.monotonic() < deadline:
-                time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+            from tests.helpers import simulate_work
+
+            simulate_work(p["sleep"])
         if p.get("ledger"):
             # The effect and the completion commit together, or not at all.
             with self.fenced():
@@ -64,8 +65,8 @@ class Job(ClaimFieldsMixin, ErrorFieldMixin, ClaimableMixin, models.Model):
     NEW, PENDING, SUCCESS, FAILED = 1, 2, 0, 3
     name = models.CharField(max_length=100, blank=True, default="")
     status = models.SmallIntegerField(default=NEW, db_default=NEW)
-    create_time = models.DateTimeField(db_default=Now())
-    update_time = models.DateTimeField(db_default=Now())
+    create_time = models.DateTimeField(db_default=DbNow())
+    update_time = models.DateTimeField(db_default=DbNow())
 
     class ClaimMeta:
         statuses = {"ready": 1, "processing": 2, "done": 0, "failed": 3}
@@ -84,7 +85,7 @@ class Ledger(models.Model):
     task_id = models.BigIntegerField()
     token = models.BigIntegerField()
     worker = models.CharField(max_length=255, blank=True, default="")
-    at = models.DateTimeField(db_default=Now())
+    at = models.DateTimeField(db_default=DbNow())
 
 
 class NaiveLock(models.Model):
@@ -92,3 +93,72 @@ class NaiveLock(models.Model):
 
     owner = models.CharField(max_length=100)
     ids = models.JSONField(default=list)
+
+
+class UUIDTask(ClaimableModel):
+    """A task table keyed by a UUID (stored as ``char(32)`` on SQLite, natively elsewhere)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4)
+    note = models.CharField(max_length=100, blank=True, default="")
+
+    def process(self) -> dict:
+        return {"note": "processed"}
+
+
+class CharKeyTask(ClaimableModel):
+    """A task table keyed by free text; the key column's name is a reserved word in SQL."""
+
+    key = models.CharField(primary_key=True, max_length=100)
+    note = models.CharField(max_length=100, blank=True, default="")
+
+    def process(self) -> dict:
+        return {"note": "processed"}
+
+
+class ColumnTask(ClaimableMixin, models.Model):
+    """Every claim column renamed with ``db_column``: SQL must name columns, not fields."""
+
+    id = models.BigAutoField(primary_key=True, db_column="row_id")
+    status = models.CharField(
+        max_length=16,
+        choices=Status.choices,
+        default=Status.READY,
+        db_default=Status.READY.value,
+        db_column="st",
+    )
+    version = models.PositiveBigIntegerField(
+        default=0, db_default=0, editable=False, db_column="tok"
+    )
+    locked_until = models.DateTimeField(
+        null=True, blank=True, editable=False, db_column="lease_end"
+    )
+    locked_by = models.CharField(
+        max_length=255, blank=True, default="", db_default="", editable=False, db_column="holder"
+    )
+    attempts = models.PositiveIntegerField(
+        default=0, db_default=0, editable=False, db_column="tries"
+    )
+    run_after = models.DateTimeField(null=True, blank=True, db_column="not_before")
+    priority = models.SmallIntegerField(default=0, db_default=0, db_column="prio")
+    created_at = models.DateTimeField(db_default=DbNow(), editable=False, db_column="enqueued")
+    finished_at = models.DateTimeField(null=True, blank=True, editable=False, db_column="ended")
+    last_error = models.TextField(blank=True, default="", db_default="", db_column="err")
+    note = models.CharField(max_length=100, blank=True, default="", db_column="remark")
+
+    class Meta:
+        indexes = claim_indexes("coltask")
+
+    def process(self) -> dict:
+        return {"note": "processed"}
+
+
+class NullableOrderTask(ClaimableModel):
+    """Claimed in ``due`` order, where ``due`` may be NULL."""
+
+    due = models.DateTimeField(null=True, blank=True)
+
+    class ClaimMeta:
+        ordering = ("due", "pk")
+
+    def process(self) -> None:
+        return None

@@ -12,13 +12,15 @@ from django.db import DatabaseError, connections
 
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.options import claimable_models, resolve_model
+from django_taskclaim.reaper import release_worker
 from django_taskclaim.worker import configure_logging, recover
 
 
 class Command(BaseCommand):
     help = (
-        "Put rows whose lease expired (and rows of workers found dead) back to ready, or "
-        "to failed once their attempts are used up. Runs once, or every --interval seconds."
+        "Put rows whose lease expired back to ready, or to failed once their attempts are "
+        "used up. Runs once, or every --interval seconds. Rows with a valid lease are never "
+        "touched, unless --release-worker names a worker you know is dead."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -29,9 +31,13 @@ class Command(BaseCommand):
         parser.add_argument("--batch", default=None, help="rows per statement")
         parser.add_argument("--database", default=None, help="database alias")
         parser.add_argument(
-            "--no-dead-workers",
-            action="store_true",
-            help="only expired leases; ignore the worker registry",
+            "--release-worker",
+            action="append",
+            default=[],
+            metavar="WORKER_ID",
+            help="also release, at once, every row held by this worker (repeatable). Only "
+            "for a worker you know is dead: a live one keeps running its task while "
+            "another worker starts the same row.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -44,6 +50,8 @@ class Command(BaseCommand):
             )
         interval = _number(options["interval"], "--interval", float)
         batch = _number(options["batch"], "--batch", int)
+        if any(not w.strip() for w in options["release_worker"]):
+            raise CommandError("--release-worker needs a worker id (see taskclaim_stats)")
         if options["once"] and interval is not None:
             raise CommandError("--once and --interval contradict each other: give one of them")
         try:
@@ -56,13 +64,17 @@ class Command(BaseCommand):
             raise CommandError("no claimable model is installed: nothing to reap")
 
         def one_pass() -> None:
-            result = recover(
-                targets,
-                using=using,
-                dry_run=options["dry_run"],
-                dead=not options["no_dead_workers"],
-                batch_size=batch,
-            )
+            result = recover(targets, using=using, dry_run=options["dry_run"], batch_size=batch)
+            for worker_id in options["release_worker"]:
+                part = release_worker(
+                    worker_id,
+                    *targets,
+                    using=using,
+                    dry_run=options["dry_run"],
+                    reason="released from worker {} by an operator (taskclaim_reap)",
+                )
+                for label, counts in part.per_model.items():
+                    result.add(label, counts["requeued"], counts["failed"])
             verb = "would requeue" if options["dry_run"] else "requeued"
             for model in targets:
                 counts = result.per_model.get(model._meta.label, {"requeued": 0, "failed": 0})
@@ -104,6 +116,6 @@ def _number(value: Any, name: str, kind: type) -> Any:
         number = kind(value)
     except ValueError:
         raise CommandError(f"{name} must be a number > 0, got {value!r}") from None
-    if number <= 0:
-        raise CommandError(f"{name} must be > 0, got {value!r}")
+    if not 0 < number <= 10**9:  # also refuses nan and inf
+        raise CommandError(f"{name} must be > 0 and at most 1e9, got {value!r}")
     return number

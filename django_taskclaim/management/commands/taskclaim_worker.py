@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
 
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.worker import (
@@ -17,13 +19,15 @@ from django_taskclaim.worker import (
     configure_logging,
 )
 
+logger = logging.getLogger("django_taskclaim.supervisor")
+
 
 class Command(BaseCommand):
     help = (
         "Run a worker that claims and processes rows of claimable models "
         "(default: every claimable model with a processing entry point). "
         "Exit codes: 0 stopped cleanly, 1 invalid configuration, 2 usage error, "
-        "3 tasks still running after --grace, 4 second signal."
+        "3 tasks still running after --grace, 4 second signal, 5 executors kept crashing."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -32,7 +36,12 @@ class Command(BaseCommand):
         parser.add_argument("models", nargs="*", metavar="app_label.Model")
         parser.add_argument("--concurrency", "-c", default="1", help="threads (default 1)")
         parser.add_argument(
-            "--processes", "-p", default="1", help="worker processes under a supervisor"
+            "--processes",
+            "-p",
+            default=None,
+            help="worker processes under a supervisor that restarts them and releases a "
+            "dead one's rows at once (default: one process, no supervisor; give -p 1 for "
+            "one supervised process)",
         )
         parser.add_argument("--batch", "-b", default="1", help="rows claimed per round trip")
         parser.add_argument("--lease", default=None, help="lease seconds (default: per model)")
@@ -49,6 +58,12 @@ class Command(BaseCommand):
             "--grace", default="30", help="seconds running tasks get to finish on SIGTERM"
         )
         parser.add_argument("--burst", action="store_true", help="drain what is ready, then exit")
+        parser.add_argument(
+            "--until-empty",
+            action="store_true",
+            help="with --burst: also wait for rows scheduled later (retries) and rows other "
+            "workers hold, and exit only when none is ready or processing",
+        )
         parser.add_argument("--max-tasks", default=None, help="exit after this many tasks")
         parser.add_argument("--max-runtime", default=None, help="exit after this many seconds")
         parser.add_argument("--worker-id", default=None, help="name recorded in locked_by")
@@ -58,8 +73,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(int(options["verbosity"]))
+        supervised = options["processes"] is not None
         try:
-            processes = int(options["processes"])
+            processes = int(options["processes"] or 1)
         except ValueError:
             processes = 0
         try:
@@ -67,13 +83,14 @@ class Command(BaseCommand):
                 options["models"],
                 using=options["database"],
                 concurrency=options["concurrency"],
-                processes=options["processes"],
+                processes=options["processes"] or 1,
                 batch=options["batch"],
                 lease=options["lease"],
                 poll=options["poll"],
                 ack_window=options["ack_window"],
                 grace=options["grace"],
                 burst=options["burst"],
+                until_empty=options["until_empty"],
                 max_tasks=options["max_tasks"],
                 max_runtime=options["max_runtime"],
                 worker_id=options["worker_id"],
@@ -82,13 +99,21 @@ class Command(BaseCommand):
             )
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from None
-        if processes > 1:
+        if supervised:
             code = self._supervise(config, processes)
         else:
             worker = Worker(config)
-            self.stdout.write(worker.describe())
-            self.stdout.flush()
-            code = worker.run()
+
+            def announce() -> None:
+                self.stdout.write(worker.describe())
+                self.stdout.flush()
+
+            code = worker.run(announce)
+            if config.burst and code == EXIT_OK:
+                try:
+                    self.stdout.write(worker.leftover())
+                except DatabaseError:
+                    pass  # the summary is a courtesy; the run itself succeeded
         if code == EXIT_GRACE_EXPIRED:
             # Threads still run user code: do not wait for them at interpreter exit.
             self.stdout.flush()
@@ -107,10 +132,36 @@ class Command(BaseCommand):
         def child(index: int) -> int:
             worker_id = f"{config.worker_id}-{index}" if config.worker_id else None
             worker = Worker(replace(config, worker_id=worker_id))
-            stdout.write(worker.describe() + f" process={index + 1}/{processes}")
-            stdout.flush()
-            return worker.run()
+
+            def announce() -> None:
+                stdout.write(worker.describe() + f" process={index + 1}/{processes}")
+                stdout.flush()
+
+            return worker.run(announce)
+
+        def exited(index: int, pid: int, code: int) -> None:
+            # waitpid is proof of death: release what the child still held, at once.
+            from django_taskclaim.db import default_worker_id
+            from django_taskclaim.reaper import release_worker
+            from django_taskclaim.supervisor import describe_exit
+
+            worker_id = f"{config.worker_id}-{index}" if config.worker_id else None
+            worker_id = worker_id or default_worker_id(pid)
+            result = release_worker(
+                worker_id,
+                *config.models,
+                using=config.using,
+                reason=f"worker {{}} exited ({describe_exit(code)}); released by its supervisor",
+            )
+            if result.total:
+                logger.warning(
+                    "released rows of exited worker worker=%s how=%s requeued=%s failed=%s",
+                    worker_id,
+                    describe_exit(code),
+                    result.requeued,
+                    result.failed,
+                )
 
         self.stdout.write(f"taskclaim supervisor pid={os.getpid()} processes={processes}")
         self.stdout.flush()
-        return Supervisor(child, processes).run()
+        return Supervisor(child, processes, on_exit=exited).run()
