@@ -213,6 +213,13 @@ for name, state, rc, secs, note in rows:
     else:
         verdict = "ok" if code in (0, 5) else "FAILED"
         print(f"{shown} {verdict:<8} {secs:>4} s   {line}")
+    if code not in (0, 5):
+        # Name what failed here: CI may keep only the tail of this output.
+        bad = [s for s in text.splitlines() if s.startswith(("FAILED ", "ERROR "))]
+        for s in bad[:10]:
+            print(f"      {s[:220]}")
+        if len(bad) > 10:
+            print(f"      ... and {len(bad) - 10} more (see {log})")
 notes = []
 if crashed:
     notes.append(f"{len(crashed)} pass(es) crashed, each counted as 1 failed: {', '.join(crashed)}")
