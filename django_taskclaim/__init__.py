@@ -50,7 +50,7 @@ _LAZY = {
     "complete_many": "django_taskclaim.lifecycle",
     "Worker": "django_taskclaim.worker",
     "WorkerConfig": "django_taskclaim.worker",
-    "recover": "django_taskclaim.worker",
+    "recover": "django_taskclaim.reaper",
     "notify": "django_taskclaim.notify",
     # locks
     "LeaseLock": "django_taskclaim.locks",

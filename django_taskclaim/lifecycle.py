@@ -12,6 +12,7 @@ import logging
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
 
@@ -440,73 +441,88 @@ def _run_atomic(task: Any, handler: Callable[[Any], Any]) -> Any:
     return result
 
 
-def run_task(
-    task: Any,
-    handler: Callable[[Any], Any] | None = None,
-    *,
-    defer: Callable[[Any], None] | None = None,
-) -> str:
-    """Run one attempt of a claimed task and record its outcome; return the outcome.
+class TaskAborted(Exception):
+    """A task body raised a ``BaseException`` that is not an ``Exception``
+    (``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit``, ``CancelledError``). In a
+    worker that is the task's failure (retried with backoff; the original is chained in
+    ``last_error``), never the end of the thread or of the process."""
 
-    The handler (default: the model's ``ClaimMeta.handler``) gets the row. Returning
-    normally completes the task (a returned mapping is saved as result fields in the
-    same fenced UPDATE) unless the handler already finished it itself. ``Retry`` →
-    ready again after its delay; ``Fail`` → failed for good; any other exception →
-    retried with exponential backoff and jitter, ``failed`` once ``max_attempts``
-    claims were made. A lost claim is logged and reported as ``"lost"``; it never
-    overwrites the new holder. Outcomes: ``done``, ``ready`` (retry), ``failed``,
-    ``lost``, or the state the handler left the row in.
 
-    With ``defer``, a handler that returns no result fields (or a
-    :class:`BatchableResult`) does not complete the row here: ``defer(task)`` is called
-    instead and ``"deferred"`` returned, and the caller
-    must complete it (e.g. with :func:`complete_many`, batching acknowledgements).
-    """
+@dataclass
+class Attempt:
+    """What one run of a task body did: its ``result``, or the ``error`` it raised.
+
+    The input of :func:`settle`. Kept by the caller so that an outcome write cut by a
+    lost connection can be made again, unchanged, once the database is back (every
+    write is fenced, so a repeat of one that had landed writes nothing)."""
+
+    result: Any = None
+    error: BaseException | None = None
+
+
+def attempt(
+    task: Any, handler: Callable[[Any], Any], *, catch_base_exceptions: bool = False
+) -> Attempt:
+    """Run the body once; never raises an ``Exception`` of the body (it is returned).
+
+    ``ClaimMeta.atomic`` models run body and completion in one fenced transaction (a
+    database error there means neither landed). With ``catch_base_exceptions`` (the
+    worker), a ``BaseException`` of the body becomes a :class:`TaskAborted` failure
+    instead of ending the calling thread."""
     opts = get_options(task)
-    if handler is None:
-        handler = opts.handler()
-        if handler is None:
-            raise ConfigurationError(
-                f"{opts.label} has no processing entry point: define a process(self) "
-                "method or set ClaimMeta.handler"
-            )
-    outcome: tuple[str, float | None, BaseException | str]
     try:
         if opts.atomic:
-            result = _run_atomic(task, handler)
-        elif inspect.iscoroutinefunction(handler):
-            result = async_to_sync(handler)(task)
-        else:
-            result = handler(task)
-    except ClaimLost:
-        return "lost"
-    except Retry as exc:
-        outcome = ("retry", exc.delay, exc.reason or "retry requested")
-    except Fail as exc:
-        outcome = ("fail", None, exc.reason)
+            return Attempt(result=_run_atomic(task, handler))
+        if inspect.iscoroutinefunction(handler):
+            return Attempt(result=async_to_sync(handler)(task))
+        return Attempt(result=handler(task))
     except Exception as exc:
-        logger.info(
-            "task raised model=%s pk=%s attempt=%s error=%r",
-            opts.label,
-            task.pk,
-            task.attempts,
-            exc,
+        return Attempt(error=exc)
+    except BaseException as exc:
+        if not catch_base_exceptions:
+            raise
+        aborted = TaskAborted(
+            f"the task raised {type(exc).__name__}"
+            + (f"({exc})" if str(exc) else "")
+            + ": it is treated as the task's failure"
         )
-        outcome = ("retry", None, exc)
-    else:
-        # Completion runs outside the handler's except clauses: a database error while
-        # completing is the caller's to see, not a handler failure to retry.
+        aborted.__cause__ = exc
+        return Attempt(error=aborted)
+
+
+def settle(task: Any, done: Attempt, *, defer: Callable[[Any], None] | None = None) -> str:
+    """Record the outcome of one attempt; return it. The one place outcome rules live.
+
+    A result completes the row (a returned mapping is saved as result fields in the
+    same fenced UPDATE) unless the body finished the row itself; ``Retry`` → ready again
+    after its delay; ``Fail`` → failed for good; any other error → retried with
+    exponential backoff and jitter, ``failed`` once ``max_attempts`` claims were made;
+    ``ClaimLost`` → ``"lost"``, nothing written over the new holder. Outcomes: ``done``,
+    ``ready`` (retry), ``failed``, ``lost``, ``deferred``, or the state the body left the
+    row in. A ``DatabaseError`` of the outcome write propagates: call again with the
+    same ``done`` once the connection is back.
+
+    With ``defer``, a result without fields (or a :class:`BatchableResult`) is not
+    written here: ``defer(task)`` is called and ``"deferred"`` returned; the caller
+    completes it later (:func:`complete_many`, batching acknowledgements).
+    """
+    opts = get_options(task)
+    error = done.error
+    if isinstance(error, ClaimLost):
+        return "lost"
+    if error is None:
         state = opts.state_of(getattr(task, opts.status_field))
         if state != "processing":
-            return state or "unknown"  # the handler finished the row itself
+            return state or "unknown"  # the body (or an atomic completion) finished it
+        result = done.result
         fields = dict(result) if isinstance(result, Mapping) else {}
         batchable = isinstance(result, BatchableResult) and not any(
             isinstance(v, Combinable | models.Expression) for v in fields.values()
         )
         try:
             _check_fields(opts, task, fields)
-        except ValueError as exc:  # the handler returned fields the model cannot store
-            outcome = ("retry", None, exc)
+        except ValueError as exc:  # the body returned fields the model cannot store
+            error = exc
         else:
             if defer is not None and (batchable or not fields):
                 if batchable:
@@ -521,10 +537,43 @@ def run_task(
                 result.on_written()
             return "done"
     try:
-        kind, delay, error = outcome
-        if kind == "fail":
-            fail(task, error)
+        if isinstance(error, Fail):
+            fail(task, error.reason)
             return "failed"
-        return retry(task, delay=delay, error=error)
+        if isinstance(error, Retry):
+            return retry(task, delay=error.delay, error=error.reason or "retry requested")
+        logger.info(
+            "task raised model=%s pk=%s attempt=%s error=%r",
+            opts.label,
+            task.pk,
+            task.attempts,
+            error,
+        )
+        return retry(task, error=error)
     except ClaimLost:
         return "lost"
+
+
+def run_task(
+    task: Any,
+    handler: Callable[[Any], Any] | None = None,
+    *,
+    defer: Callable[[Any], None] | None = None,
+) -> str:
+    """Run one attempt of a claimed task and record its outcome; return the outcome.
+
+    The handler (default: the model's ``ClaimMeta.handler``) gets the row; the outcome
+    follows :func:`settle`'s rules (result → done, ``Retry``, ``Fail``, other errors
+    retried with backoff until ``max_attempts``, a lost claim → ``"lost"``, never
+    overwriting the new holder). A ``BaseException`` of the handler propagates.
+    ``defer``: see :func:`settle`.
+    """
+    opts = get_options(task)
+    if handler is None:
+        handler = opts.handler()
+        if handler is None:
+            raise ConfigurationError(
+                f"{opts.label} has no processing entry point: define a process(self) "
+                "method or set ClaimMeta.handler"
+            )
+    return settle(task, attempt(task, handler), defer=defer)

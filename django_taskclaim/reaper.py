@@ -202,3 +202,18 @@ def release_worker(
         if targets
         else ReapResult()
     )
+
+
+def recover(
+    models_: Iterable[type[models.Model]] = (),
+    *,
+    using: str | None = None,
+    dry_run: bool = False,
+    batch_size: int | None = None,
+) -> ReapResult:
+    """Recover the rows whose lease expired (database clock) of ``models_`` (default:
+    every claimable model); see :func:`reap`. Rows with a valid lease are never touched,
+    whatever the worker registry says. ``dry_run`` only counts. Safe to run concurrently
+    from several hosts."""
+    targets = list(models_) or list(claimable_models())
+    return reap(*targets, using=using, batch_size=batch_size, dry_run=dry_run)

@@ -11,9 +11,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
 from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.management.verbosity import configure_logging
 from django_taskclaim.options import claimable_models, resolve_model
-from django_taskclaim.reaper import release_worker
-from django_taskclaim.worker import configure_logging, recover
+from django_taskclaim.reaper import recover, release_worker
 
 
 class Command(BaseCommand):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from typing import Any
@@ -11,15 +10,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from django_taskclaim.exceptions import ConfigurationError
-from django_taskclaim.worker import (
-    EXIT_GRACE_EXPIRED,
-    EXIT_OK,
-    Worker,
-    WorkerConfig,
-    configure_logging,
-)
-
-logger = logging.getLogger("django_taskclaim.supervisor")
+from django_taskclaim.management.verbosity import configure_logging
+from django_taskclaim.worker import EXIT_GRACE_EXPIRED, EXIT_OK, Worker, WorkerConfig
+from django_taskclaim.worker.supervisor import supervise
 
 
 class Command(BaseCommand):
@@ -75,10 +68,6 @@ class Command(BaseCommand):
         configure_logging(int(options["verbosity"]))
         supervised = options["processes"] is not None
         try:
-            processes = int(options["processes"] or 1)
-        except ValueError:
-            processes = 0
-        try:
             config = WorkerConfig.build(
                 options["models"],
                 using=options["database"],
@@ -100,18 +89,13 @@ class Command(BaseCommand):
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from None
         if supervised:
-            code = self._supervise(config, processes)
+            code = supervise(config, config.processes, self._say)
         else:
             worker = Worker(config)
-
-            def announce() -> None:
-                self.stdout.write(worker.describe())
-                self.stdout.flush()
-
-            code = worker.run(announce)
+            code = worker.run(lambda: self._say(worker.describe()))
             if config.burst and code == EXIT_OK:
                 try:
-                    self.stdout.write(worker.leftover())
+                    self._say(worker.leftover())
                 except DatabaseError:
                     pass  # the summary is a courtesy; the run itself succeeded
         if code == EXIT_GRACE_EXPIRED:
@@ -122,46 +106,6 @@ class Command(BaseCommand):
         if code != EXIT_OK:
             sys.exit(code)
 
-    def _supervise(self, config: WorkerConfig, processes: int) -> int:
-        from dataclasses import replace
-
-        from django_taskclaim.supervisor import Supervisor
-
-        stdout = self.stdout
-
-        def child(index: int) -> int:
-            worker_id = f"{config.worker_id}-{index}" if config.worker_id else None
-            worker = Worker(replace(config, worker_id=worker_id))
-
-            def announce() -> None:
-                stdout.write(worker.describe() + f" process={index + 1}/{processes}")
-                stdout.flush()
-
-            return worker.run(announce)
-
-        def exited(index: int, pid: int, code: int) -> None:
-            # waitpid is proof of death: release what the child still held, at once.
-            from django_taskclaim.db import default_worker_id
-            from django_taskclaim.reaper import release_worker
-            from django_taskclaim.supervisor import describe_exit
-
-            worker_id = f"{config.worker_id}-{index}" if config.worker_id else None
-            worker_id = worker_id or default_worker_id(pid)
-            result = release_worker(
-                worker_id,
-                *config.models,
-                using=config.using,
-                reason=f"worker {{}} exited ({describe_exit(code)}); released by its supervisor",
-            )
-            if result.total:
-                logger.warning(
-                    "released rows of exited worker worker=%s how=%s requeued=%s failed=%s",
-                    worker_id,
-                    describe_exit(code),
-                    result.requeued,
-                    result.failed,
-                )
-
-        self.stdout.write(f"taskclaim supervisor pid={os.getpid()} processes={processes}")
+    def _say(self, line: str) -> None:
+        self.stdout.write(line)
         self.stdout.flush()
-        return Supervisor(child, processes, on_exit=exited).run()

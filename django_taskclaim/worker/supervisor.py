@@ -1,19 +1,20 @@
 """``--processes N``: a small supervisor that forks N worker processes and keeps them up.
 
 The supervisor holds no database connection and runs no thread. It forks each child
-after closing its connections; a child runs one :class:`~django_taskclaim.worker.Worker`
+after closing its connections; a child runs one :class:`~.process.Worker`
 and exits with its code. A child that dies abnormally (a signal, or an exit code other
 than 0) is restarted, with backoff if it keeps dying at once; a child that exits 0
 (``--burst`` drained, ``--max-tasks`` or ``--max-runtime`` reached) is not. SIGTERM /
 SIGINT are forwarded to every child; a second one is forwarded too (children then exit at
-once) and the supervisor exits with :data:`~django_taskclaim.worker.EXIT_FORCED`.
+once) and the supervisor exits with :data:`~.exits.EXIT_FORCED`.
 POSIX only (it uses ``fork``).
 
 The supervisor is the one place that *knows* a worker died: ``waitpid`` told it. Each
 time it reaps a child, whatever the exit, it calls ``on_exit`` (the worker command
-releases the rows that child still held, fenced on holder, status and token) before
-it starts a replacement, so a task of a SIGKILLed or OOM-killed child runs again within
-a second or two instead of after its lease — the only early recovery the library makes.
+releases the rows that child still held, fenced on holder, status and token: see
+:func:`supervise`) before it starts a replacement, so a task of a SIGKILLed or
+OOM-killed child runs again within a second or two instead of after its lease — the
+only early recovery the library makes.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from django.db import connections
 
-from .worker import EXIT_FORCED, EXIT_OK
+from .config import WorkerConfig
+from .exits import EXIT_FORCED, EXIT_OK
 
 logger = logging.getLogger("django_taskclaim.supervisor")
 
@@ -172,3 +175,43 @@ class Supervisor:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def supervise(config: WorkerConfig, processes: int, announce: Callable[[str], None]) -> int:
+    """Run ``processes`` supervised :class:`~.process.Worker` children of ``config``;
+    return the supervisor's exit code. Child ``i`` is named ``<worker_id>-i`` (or gets
+    the default id of its pid). ``announce`` gets each child's startup line.
+
+    Each child the supervisor sees exit (``waitpid``: proof of death) has the rows it
+    still held released at once (:func:`~django_taskclaim.reaper.release_worker`,
+    fenced on holder, status and token) before a replacement starts."""
+    from ..db import default_worker_id
+    from ..reaper import release_worker
+    from .process import Worker
+
+    def child_id(index: int) -> str | None:
+        return f"{config.worker_id}-{index}" if config.worker_id else None
+
+    def child(index: int) -> int:
+        worker = Worker(replace(config, worker_id=child_id(index)))
+        return worker.run(lambda: announce(worker.describe() + f" process={index + 1}/{processes}"))
+
+    def exited(index: int, pid: int, code: int) -> None:
+        worker_id = child_id(index) or default_worker_id(pid)
+        result = release_worker(
+            worker_id,
+            *config.models,
+            using=config.using,
+            reason=f"worker {{}} exited ({describe_exit(code)}); released by its supervisor",
+        )
+        if result.total:
+            logger.warning(
+                "released rows of exited worker worker=%s how=%s requeued=%s failed=%s",
+                worker_id,
+                describe_exit(code),
+                result.requeued,
+                result.failed,
+            )
+
+    announce(f"taskclaim supervisor pid={os.getpid()} processes={processes}")
+    return Supervisor(child, processes, on_exit=exited).run()

@@ -1,0 +1,54 @@
+"""The worker: claims rows of claimable models and runs their tasks, many processes and
+machines sharing one table through the database alone.
+
+One process is a set of small pieces around one in-flight ledger (see ``docs/worker.md``
+for the diagram and the life of a task through them):
+
+- :mod:`.config` — :class:`WorkerConfig`, every option validated before anything runs;
+- :mod:`.ledger` — the rows held (claimed → running → settled → acknowledged): the only
+  shared state and the only lock;
+- :mod:`.claimer` — the one thread that claims, sized by the executors' demand;
+- :mod:`.executors` — threads that run bodies and settle outcomes
+  (:func:`~django_taskclaim.lifecycle.settle`), replaced if they crash;
+- :mod:`.acks` — completions written together in one fenced UPDATE;
+- :mod:`.heartbeat` — lease extension of every held row, due acks, the registry;
+- :mod:`.registry` — the :class:`~django_taskclaim.models.WorkerProcess` row (display only);
+- :mod:`.reaping` — periodic recovery of expired leases;
+- :mod:`.process` — :class:`Worker`: the wiring, the main loop, signals and grace;
+- :mod:`.supervisor` — ``--processes N``: forks, restarts, releases a dead child's rows;
+- :mod:`.exits` — exit codes.
+
+``manage.py taskclaim_worker`` only parses its options into :meth:`WorkerConfig.build`.
+"""
+
+from __future__ import annotations
+
+from ..lifecycle import TaskAborted
+from .config import LIMITS, WorkerConfig
+from .exits import (
+    EXIT_BROKEN,
+    EXIT_CODES,
+    EXIT_CONFIG,
+    EXIT_FORCED,
+    EXIT_GRACE_EXPIRED,
+    EXIT_OK,
+    EXIT_USAGE,
+)
+from .process import Worker
+from .registry import silent_after, silent_workers
+
+__all__ = [
+    "EXIT_BROKEN",
+    "EXIT_CODES",
+    "EXIT_CONFIG",
+    "EXIT_FORCED",
+    "EXIT_GRACE_EXPIRED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "LIMITS",
+    "TaskAborted",
+    "Worker",
+    "WorkerConfig",
+    "silent_after",
+    "silent_workers",
+]

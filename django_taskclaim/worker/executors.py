@@ -1,0 +1,214 @@
+"""Executor threads: each takes a claimed row from the ledger, runs its body and settles
+the outcome (:func:`~django_taskclaim.lifecycle.settle`); nothing else.
+
+Executors never die silently: a body's ``BaseException`` is that task's failure
+(:class:`~django_taskclaim.lifecycle.TaskAborted`); an executor that crashes for any
+other reason is logged and replaced by :meth:`Executors.replace_crashed`; after
+:data:`~.exits.MAX_CRASHES` crashes within :data:`~.exits.CRASH_WINDOW` seconds the
+worker stops with :data:`~.exits.EXIT_BROKEN` so that its supervisor restarts it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from django.db import DatabaseError, connections
+
+from ..lifecycle import Attempt, attempt, settle
+from ..strategies import was_recovered
+from .acks import Acks
+from .config import WorkerConfig
+from .dbconn import backoff, close, connection_trouble, one_line
+from .exits import CRASH_WINDOW, MAX_CRASHES
+from .ledger import Ledger
+
+logger = logging.getLogger("django_taskclaim.worker")
+
+
+class Executors:
+    """``config.concurrency`` executor threads and their replacement after a crash."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        ledger: Ledger,
+        acks: Acks,
+        *,
+        worker_id: str,
+        halt: threading.Event,
+        wake_main: threading.Event,
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.acks = acks
+        self.worker_id = worker_id
+        self.halt = halt
+        self.wake_main = wake_main
+        self.threads: list[threading.Thread] = []
+        self._finished: set[str] = set()  # ended normally (not crashed)
+        self._crashes: list[float] = []  # monotonic times of crashes
+
+    def start(self) -> None:
+        for index in range(self.config.concurrency):
+            self._start(index)
+
+    def _start(self, index: int) -> None:
+        t = threading.Thread(target=self._main, name=f"taskclaim-exec-{index}", daemon=True)
+        if index < len(self.threads):
+            self.threads[index] = t
+        else:
+            self.threads.append(t)
+        t.start()
+
+    def alive(self) -> bool:
+        return any(t.is_alive() for t in self.threads)
+
+    def all_finished(self) -> bool:
+        """Whether every executor ended normally (none crashed)."""
+        return all(not t.is_alive() and t.name in self._finished for t in self.threads)
+
+    def replace_crashed(self) -> bool:
+        """Restart each executor that died of an error; return False (broken) once they
+        crashed :data:`MAX_CRASHES` times within :data:`CRASH_WINDOW` seconds."""
+        for index, t in enumerate(self.threads):
+            if t.is_alive() or t.name in self._finished:
+                continue
+            now = time.monotonic()
+            self._crashes = [c for c in self._crashes if now - c < CRASH_WINDOW] + [now]
+            if len(self._crashes) >= MAX_CRASHES:
+                logger.error(
+                    "executors keep crashing worker=%s crashes=%s in %ss: stopping",
+                    self.worker_id,
+                    len(self._crashes),
+                    CRASH_WINDOW,
+                )
+                return False
+            logger.warning("replacing crashed executor %s worker=%s", t.name, self.worker_id)
+            self._start(index)
+        return True
+
+    # -- one thread ---------------------------------------------------------------------
+    def _main(self) -> None:
+        me = threading.current_thread().name
+        try:
+            self._loop(me)
+            self._finished.add(me)
+        except BaseException as exc:  # never silently: logged, then replaced
+            logger.error(
+                "executor crashed thread=%s worker=%s error=%s",
+                me,
+                self.worker_id,
+                one_line(exc),
+                exc_info=exc,
+            )
+        finally:
+            self.ledger.settled(me)
+            connections.close_all()  # this thread's connections only
+            self.wake_main.set()
+
+    def _loop(self, me: str) -> None:
+        while True:
+            task = self.ledger.take(me, timeout=1.0)
+            if task is None:
+                if self.ledger.closed:
+                    return
+                continue
+            try:
+                self.run_one(task)
+            finally:
+                self.ledger.settled(me)
+            self.acks.flush(due_only=True)
+
+    def run_one(self, task: Any) -> str:
+        """Run one claimed row and record its outcome; return the outcome."""
+        label = type(task)._meta.label
+        if was_recovered(task):
+            # It may be the task that killed a worker: nothing else of this process may
+            # be lost with it. The claimer claims nothing while it is held; wait for the
+            # rows running beside it, then write every pending completion.
+            while not self.ledger.wait_alone(threading.current_thread().name, 1.0):
+                if self.halt.is_set():
+                    break
+            self.acks.flush()
+        handler = self.config.handlers[type(task)]
+        started = time.monotonic()
+        logger.debug(
+            "task started task=%s:%s attempt=%s worker=%s",
+            label,
+            task.pk,
+            task.attempts,
+            self.worker_id,
+        )
+        done = attempt(task, handler, catch_base_exceptions=True)
+        defer = self.acks.defer if self.acks.enabled else None
+        try:
+            outcome = settle(task, done, defer=defer)
+        except DatabaseError as exc:
+            outcome = self._settle_again(task, done, exc)
+        except Exception as exc:
+            logger.error(
+                "task could not be settled task=%s:%s attempt=%s worker=%s error=%s",
+                label,
+                task.pk,
+                task.attempts,
+                self.worker_id,
+                one_line(exc),
+                exc_info=exc,
+            )
+            outcome = "error"
+        if outcome == "lost" or self.ledger.is_lost(task):
+            logger.warning(
+                "claim lost task=%s:%s attempt=%s worker=%s: its writes did not land",
+                label,
+                task.pk,
+                task.attempts,
+                self.worker_id,
+            )
+        if outcome != "deferred":  # a deferred one is logged when its completion is written
+            log = logger.debug if outcome == "done" else logger.info
+            log(
+                "task %s task=%s:%s attempt=%s worker=%s duration=%.3fs",
+                outcome,
+                label,
+                task.pk,
+                task.attempts,
+                self.worker_id,
+                time.monotonic() - started,
+            )
+        return outcome
+
+    def _settle_again(self, task: Any, done: Attempt, exc: BaseException) -> str:
+        """The outcome write hit a database error: once the connection is back, make
+        the same fenced write again (``done`` is known; a write that had landed is then
+        seen as ``lost`` and nothing more is written)."""
+        label = type(task)._meta.label
+        failures = 0
+        while True:
+            if not connection_trouble(exc):
+                logger.error(
+                    "task outcome not recorded task=%s:%s worker=%s error=%s",
+                    label,
+                    task.pk,
+                    self.worker_id,
+                    one_line(exc),
+                )
+                return "error"
+            failures += 1
+            close(self.config.using)
+            log = logger.warning if failures == 1 else logger.debug
+            log(
+                "database error while recording outcome task=%s:%s worker=%s error=%s",
+                label,
+                task.pk,
+                self.worker_id,
+                one_line(exc),
+            )
+            if self.halt.wait(backoff(failures)):
+                return "abandoned"
+            try:
+                return settle(task, done)
+            except DatabaseError as again:
+                exc = again

@@ -1,0 +1,259 @@
+"""The in-flight ledger: every row one worker process holds, and where it is in its life.
+
+    claimed ──take()──▶ running ──settled()──▶ (deferred ack) ──take_acks()──▶ written
+       │                   │
+       └─ lost / released  └─ lost (its later writes are fenced out anyway)
+
+It is the only state the worker's threads share and the only owner of its lock: the
+claimer adds rows, executors take and settle them, the heartbeat reads what is held and
+marks what was lost, the main thread releases what was not started. No method does I/O
+while holding the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+
+class Ledger:
+    """Rows held by one process: ``claimed`` (waiting for an executor), ``running`` (one
+    per executor thread) and ``acks`` (run, completion not written yet).
+
+    ``capacity`` bounds claimed + running: the claimer never holds more rows than the
+    executors can start soon (``--concurrency`` × ``--batch``). ``max_tasks`` (or None)
+    bounds the rows claimed over the process's life."""
+
+    def __init__(
+        self,
+        *,
+        capacity: int,
+        claim_size: int,
+        max_tasks: int | None = None,
+        recovered: Callable[[Any], bool] = lambda task: False,
+    ) -> None:
+        self.capacity = capacity
+        self.recovered = recovered
+        self.claim_size = claim_size
+        self.max_tasks = max_tasks
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._claimed: deque[Any] = deque()
+        self._running: dict[str, Any] = {}
+        self._acks: list[Any] = []
+        self._acks_since: float | None = None
+        self._lost: set[tuple[type, Any, int]] = set()
+        self._reserved = 0
+        self._held_recovered = 0  # claimed or running rows that are recovered
+        self._closed = False
+        self._stopped = False
+        self.processed = 0
+
+    # -- the claimer's side ---------------------------------------------------------
+    def room(self) -> int:
+        """Rows the claimer may claim now (0 = wait). A full claim is made as soon as it
+        fits; a smaller one only when no claimed row is waiting (an executor is, or is
+        about to be, idle), so claims stay large when the executors are busy."""
+        with self._lock:
+            return self._room()
+
+    def _room(self) -> int:
+        if self._closed or self._held_recovered:
+            return 0  # a recovered row runs alone: nothing more is claimed meanwhile
+        room = self.capacity - len(self._claimed) - len(self._running)
+        if room >= self.claim_size:
+            return self.claim_size
+        return room if room > 0 and not self._claimed else 0
+
+    def wait_for_room(self, timeout: float) -> int:
+        """Block until :meth:`room` is positive (or ``timeout``); return it."""
+        with self._changed:
+            if not self._room():
+                self._changed.wait(timeout)
+            return self._room()
+
+    def reserve(self, n: int) -> int:
+        """Take up to ``n`` rows from the ``max_tasks`` budget; return how many."""
+        with self._lock:
+            if self.max_tasks is None:
+                return n
+            n = max(0, min(n, self.max_tasks - self._reserved))
+            self._reserved += n
+            return n
+
+    def unreserve(self, n: int) -> None:
+        """Give back ``n`` reserved rows that were not claimed."""
+        if self.max_tasks is not None and n:
+            with self._lock:
+                self._reserved -= n
+
+    def budget_spent(self) -> bool:
+        with self._lock:
+            return self.max_tasks is not None and self._reserved >= self.max_tasks
+
+    def add_claimed(self, rows: list[Any]) -> bool:
+        """Queue freshly claimed rows for the executors, in claim order. Returns False,
+        queuing nothing, once the ledger is stopped: the caller releases them."""
+        with self._changed:
+            if self._stopped:
+                return False
+            self._claimed.extend(rows)
+            self._held_recovered += sum(1 for t in rows if self.recovered(t))
+            self._changed.notify_all()
+            return True
+
+    def holds_recovered(self) -> bool:
+        """Whether a recovered row is claimed or running here."""
+        with self._lock:
+            return bool(self._held_recovered)
+
+    def in_flight(self) -> int:
+        """Rows claimed or running in this process."""
+        with self._lock:
+            return len(self._claimed) + len(self._running)
+
+    def wait_until_idle(self, timeout: float) -> bool:
+        """Block until nothing is claimed or running (or ``timeout``); return whether so."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self._claimed or self._running:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+            return True
+
+    def close(self) -> None:
+        """No more rows will be added: executors end once the claimed ones are taken."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def stop(self) -> None:
+        """Start nothing more: :meth:`take` returns ``None`` from now on (graceful stop;
+        the unstarted rows are then released by the caller)."""
+        with self._changed:
+            self._stopped = self._closed = True
+            self._changed.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- the executors' side ----------------------------------------------------------
+    def take(self, me: str, timeout: float) -> Any:
+        """The next claimed row, now running in thread ``me``; ``None`` after ``timeout``
+        or once the ledger is closed and empty, or stopped (see :attr:`closed`)."""
+        with self._changed:
+            if not self._claimed and not self._closed:
+                self._changed.wait(timeout)
+            if not self._claimed or self._stopped:
+                return None
+            task = self._claimed.popleft()
+            self._running[me] = task
+            self._changed.notify_all()
+            return task
+
+    def wait_alone(self, me: str, timeout: float) -> bool:
+        """Block until thread ``me``'s row is the only one running (or ``timeout``, or a
+        stop); return whether it is. A recovered row may be the one that killed a
+        worker: it starts only once the rows running beside it have settled."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while len(self._running) > 1 and not self._stopped:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+            return len(self._running) == 1
+
+    def settled(self, me: str) -> None:
+        """Thread ``me`` finished its running row (whatever the outcome)."""
+        with self._changed:
+            task = self._running.pop(me, None)
+            if task is not None:
+                self.processed += 1
+                self._forget(task)
+            self._changed.notify_all()
+
+    def _forget(self, task: Any) -> None:
+        if self.recovered(task):
+            self._held_recovered -= 1
+
+    def defer_ack(self, task: Any) -> bool:
+        """Buffer a completion to be written with others; return True if it is the
+        first of a new buffer (the heartbeat then has a new deadline)."""
+        with self._lock:
+            first = not self._acks
+            if first:
+                self._acks_since = time.monotonic()
+            self._acks.append(task)
+            return first
+
+    def take_acks(self, *, window: float | None = None, size: int = 0) -> list[Any]:
+        """Remove and return the buffered completions; with ``window``, only if the
+        oldest waited that long or ``size`` of them are buffered (else ``[]``)."""
+        with self._lock:
+            if not self._acks:
+                return []
+            if window is not None and self._acks_since is not None:
+                young = time.monotonic() - self._acks_since < window
+                if young and (not size or len(self._acks) < size):
+                    return []
+            acks, self._acks, self._acks_since = self._acks, [], None
+            return acks
+
+    def acks_due_at(self, window: float) -> float | None:
+        """When the oldest buffered completion's window ends (monotonic), or None."""
+        with self._lock:
+            return None if self._acks_since is None else self._acks_since + window
+
+    # -- heartbeat, shutdown ----------------------------------------------------------
+    def held(self, *, skip_running: Any = None) -> list[Any]:
+        """Every row whose lease this process must keep: claimed, running (but not those
+        ``skip_running(task)`` excludes) and run-but-unacknowledged."""
+        with self._lock:
+            running = [t for t in self._running.values() if not (skip_running and skip_running(t))]
+            return [*self._claimed, *running, *self._acks]
+
+    def mark_lost(self, task: Any, version: int) -> str | None:
+        """Record that ``task`` (at token ``version``) was taken back. Returns
+        ``"claimed"`` if it had not started (it is dropped: never started), ``"running"``
+        if it is running or unacknowledged, ``None`` if it has moved on since."""
+        with self._changed:
+            if task.version != version:
+                return None  # settled since the heartbeat's snapshot
+            self._lost.add((type(task), task.pk, version))
+            for i, t in enumerate(self._claimed):
+                if t is task:
+                    del self._claimed[i]
+                    self._forget(task)
+                    self._changed.notify_all()
+                    return "claimed"
+            return "running"
+
+    def is_lost(self, task: Any) -> bool:
+        with self._lock:
+            return (type(task), task.pk, task.version) in self._lost
+
+    def take_unstarted(self) -> list[Any]:
+        """Remove and return every claimed row not started yet (to release them)."""
+        with self._changed:
+            tasks = list(self._claimed)
+            self._claimed.clear()
+            for task in tasks:
+                self._forget(task)
+            self._changed.notify_all()
+            return tasks
+
+    def running(self) -> list[Any]:
+        with self._lock:
+            return list(self._running.values())
+
+    def counts(self) -> tuple[int, int]:
+        """(rows in flight, rows processed so far), for the registry."""
+        with self._lock:
+            return len(self._claimed) + len(self._running), self.processed

@@ -1,0 +1,436 @@
+"""One worker process: the pieces wired together, its main loop, signals and grace.
+
+    claimer ──rows──▶ ledger ──take──▶ executors ──settle──▶ acks ──UPDATE──▶ database
+                        ▲                                      ▲
+               heartbeat (extends every held lease, writes due acks, registry)
+               reaping (periodic recovery of expired leases), listener (LISTEN wakeups)
+
+Shutdown: the first SIGTERM/SIGINT stops claiming and starting, releases the claimed
+but unstarted rows at once (attempt not counted) and lets running tasks finish within
+``grace`` seconds (then they are requeued, :data:`~.exits.EXIT_GRACE_EXPIRED`); the
+second signal exits at once (:data:`~.exits.EXIT_FORCED`; leases recover the rest).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.db import DatabaseError, connections
+from django.db.models import Min, Model
+
+from ..conf import taskclaim_settings
+from ..db import default_worker_id
+from ..exceptions import ClaimLost
+from ..options import get_options
+from ..querysets import ClaimQuerySet
+from ..strategies import resolve, was_recovered
+from .acks import Acks
+from .claimer import Claimer
+from .config import WorkerConfig
+from .dbconn import backoff, close, one_line
+from .executors import Executors
+from .exits import EXIT_BROKEN, EXIT_FORCED, EXIT_GRACE_EXPIRED, EXIT_OK
+from .heartbeat import Heartbeat
+from .ledger import Ledger
+from .reaping import Reaping, reap_before_burst
+from .registry import Registry
+
+logger = logging.getLogger("django_taskclaim.worker")
+
+
+class Worker:
+    """Run the tasks of claimable models until stopped (see the module docstring).
+
+    ``run()`` blocks and returns an exit code from :data:`~.exits.EXIT_CODES`. Signals
+    are handled only when ``run()`` is called from the main thread.
+    """
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.using = config.using
+        self.worker_id = config.worker_id or default_worker_id()
+        self.labels = {m: m._meta.label for m in config.models}
+        self._stopping = threading.Event()  # no new claims, nothing new started
+        self._halt = threading.Event()  # helper threads end
+        self._main_wake = threading.Event()
+        self._stop_reason = ""
+        self._signals = 0
+        self._broken = False
+        self.ledger = Ledger(
+            capacity=config.concurrency * config.batch,
+            claim_size=max(config.batch, config.concurrency),
+            max_tasks=config.max_tasks,
+            recovered=was_recovered,
+        )
+        self.acks = Acks(
+            self.ledger,
+            window=config.ack_window,
+            batch=config.batch,
+            using=self.using,
+            worker_id=self.worker_id,
+            halt=self._halt,
+        )
+        self.registry = Registry(
+            self.worker_id, list(self.labels.values()), config.concurrency, self.ledger
+        )
+        self.claimer = Claimer(
+            config,
+            self.ledger,
+            self.acks,
+            worker_id=self.worker_id,
+            queryset=self.queryset,
+            work_left=self._work_left,
+            release=self._release,
+            stopping=self._stopping,
+        )
+        self.executors = Executors(
+            config,
+            self.ledger,
+            self.acks,
+            worker_id=self.worker_id,
+            halt=self._halt,
+            wake_main=self._main_wake,
+        )
+        self._listener: Any = None
+        self._helpers: list[threading.Thread] = []
+
+    # -- public -------------------------------------------------------------------------
+    @property
+    def lease(self) -> float:
+        """Seconds each claim is leased for (``--lease`` or the shortest model lease)."""
+        return self.config.shortest_lease
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between lease extensions (see :attr:`WorkerConfig.heartbeat_interval`)."""
+        return self.config.heartbeat_interval
+
+    def describe(self) -> str:
+        """The startup line: what runs where (never credentials)."""
+        conn = connections[self.using]
+        strategies = ",".join(f"{label}={self._strategy(m)}" for m, label in self.labels.items())
+        c = self.config
+        return (
+            f"taskclaim worker id={self.worker_id} pid={os.getpid()} "
+            f"models={','.join(self.labels.values())} strategy={strategies} "
+            f"concurrency={c.concurrency} batch={c.batch} "
+            f"lease={self.lease:g}s database={self.using} vendor={conn.vendor} "
+            f"wakeup={'listen+poll' if self._use_listen() else 'poll'} poll={c.poll:g}s "
+            f"ack-window={c.ack_window:g}s reap={'on' if c.reap else 'off'}"
+            + (" burst" if c.burst else "")
+            + (f" queue={c.queue}" if c.queue else "")
+        )
+
+    def request_stop(self, reason: str = "requested") -> None:
+        """Begin a graceful stop: no new claims, unstarted rows released, grace starts."""
+        if not self._stopping.is_set():
+            self._stop_reason = reason
+            self._stopping.set()
+        self.claimer.wake.set()
+        self._main_wake.set()
+
+    def run(self, announce: Callable[[], None] | None = None) -> int:
+        """Run until stopped; return an exit code (see :data:`~.exits.EXIT_CODES`).
+
+        ``announce`` (e.g. printing :meth:`describe`) is called once the signal handlers
+        are in place: from then on SIGTERM means a graceful stop."""
+        in_main = threading.current_thread() is threading.main_thread()
+        previous: dict[int, Any] = {}
+        if in_main:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self._on_signal)
+        try:
+            if announce is not None:
+                announce()
+            return self._run()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def queryset(self, model: type[Model]) -> Any:
+        """The rows of ``model`` this worker serves (``--queue`` applied)."""
+        qs = model._default_manager.db_manager(self.using).all()
+        if not hasattr(qs, "claim"):
+            qs = ClaimQuerySet(model=model, using=self.using)
+        if self.config.queue is not None:
+            qs = qs.filter(queue_name=self.config.queue)
+        return qs
+
+    def leftover(self) -> str:
+        """One line for the end of a ``--burst`` run: what is left, by state, and when the
+        next scheduled row comes due (database clock)."""
+        from ..monitoring import db_now
+
+        parts = []
+        now = db_now(self.using)
+        for model in self.config.models:
+            opts = get_options(model)
+            qs = self.queryset(model)
+            stats = qs.stats()  # one GROUP BY, counts per state
+            counts = {k: stats.get(k, 0) for k in ("ready", "processing", "failed")}
+            text = " ".join(f"{k}={v}" for k, v in counts.items())
+            if counts["ready"] and opts.has("run_after"):
+                ready = qs.filter(opts.status_q("ready"))
+                due = ready.filter(run_after__gt=now).aggregate(m=Min("run_after"))["m"]
+                if due is not None:
+                    text += f" (next due in {(due - now).total_seconds():.1f}s)"
+                else:
+                    text += " (due now)"
+            parts.append(f"{self.labels[model]}: {text}")
+        return "burst finished; left: " + "; ".join(parts)
+
+    # -- main loop ------------------------------------------------------------------------
+    def _run(self) -> int:
+        started = time.monotonic()
+        c = self.config
+        if not self._wait_for_database():
+            return EXIT_OK
+        if self.config.burst and self.config.reap:
+            reap_before_burst(self.config.models, using=self.using, worker_id=self.worker_id)
+        self.registry.register()
+        connections.close_all()  # the main thread needs a connection again only to stop
+        self._start_helpers()
+        self.executors.start()
+        self.claimer.start()
+        grace_deadline: float | None = None
+        code = EXIT_OK
+        while True:
+            if not self._stopping.is_set() and not self.executors.replace_crashed():
+                self._broken = True
+                self.request_stop("executors crashing")
+            if self.claimer.crashed:
+                self._broken = True
+            if not self.executors.alive():
+                if self._stopping.is_set() or self.executors.all_finished():
+                    break
+                continue  # they crashed: replaced (or found broken) at the top of the loop
+            now = time.monotonic()
+            expired = c.max_runtime is not None and now - started >= c.max_runtime
+            if expired and not self._stopping.is_set():
+                logger.info("max runtime reached worker=%s", self.worker_id)
+                self.request_stop("max-runtime")
+            if self._stopping.is_set():
+                if grace_deadline is None:
+                    grace_deadline = now + c.grace
+                    self.ledger.stop()
+                    self._release(self.ledger.take_unstarted())
+                    running = len(self.ledger.running())
+                    if running:
+                        logger.info(
+                            "stopping worker=%s reason=%s running=%s grace=%ss",
+                            self.worker_id,
+                            self._stop_reason,
+                            running,
+                            c.grace,
+                        )
+                elif now >= grace_deadline:
+                    code = EXIT_GRACE_EXPIRED
+                    self.acks.flush()
+                    self._requeue_running()
+                    break
+            timeout = 1.0 if grace_deadline is None else max(0.01, min(1.0, grace_deadline - now))
+            self._main_wake.wait(timeout)
+            self._main_wake.clear()
+        if self._broken and code == EXIT_OK:
+            code = EXIT_BROKEN
+        self._stopping.set()
+        self.ledger.stop()
+        self.claimer.wake.set()
+        # A claim in flight ends in the ledger's refusal and the claimer's own release.
+        self.claimer.join(timeout=max(5.0, c.grace))
+        self._release(self.ledger.take_unstarted())  # e.g. executors broken before taking
+        self._halt.set()
+        self.acks.new_deadline.set()
+        self.claimer.wake.set()
+        if code == EXIT_OK:
+            self.acks.flush()
+        if self._listener is not None:
+            self._listener.stop()
+        if code == EXIT_OK:
+            for t in self._helpers:
+                t.join(timeout=5)
+            if self._listener is not None:
+                self._listener.join(timeout=3)
+        self.registry.deregister()
+        logger.info(
+            "worker stopped worker=%s processed=%s exit=%s",
+            self.worker_id,
+            self.ledger.processed,
+            code,
+        )
+        connections.close_all()
+        return code
+
+    def _start_helpers(self) -> None:
+        if self._use_listen():
+            from ..notify import Listener
+
+            self._listener = Listener(self.using, self.labels.values(), self._on_notify)
+            self._listener.start()
+        self._helpers.append(
+            Heartbeat(
+                self.ledger,
+                self.acks,
+                self.registry,
+                interval=self.config.heartbeat_interval,
+                lease_for=self.config.lease_for,
+                using=self.using,
+                worker_id=self.worker_id,
+                halt=self._halt,
+            )
+        )
+        if self.config.reap:
+            self._helpers.append(
+                Reaping(
+                    self.config.models,
+                    using=self.using,
+                    lock_db=self.registry.db,
+                    worker_id=self.worker_id,
+                    halt=self._halt,
+                    stopping=self._stopping,
+                    on_requeued=self._after_reap,
+                )
+            )
+        for t in self._helpers:
+            t.start()
+
+    def _after_reap(self) -> None:
+        self._notify_ready(self.config.models)
+        self.claimer.wake.set()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signals += 1
+        name = signal.Signals(signum).name
+        if self._signals > 1:
+            logger.warning(
+                "second %s: exiting now worker=%s (leases recover the held rows)",
+                name,
+                self.worker_id,
+            )
+            for handler in logging.getLogger().handlers + logger.handlers:
+                try:
+                    handler.flush()
+                except Exception:
+                    pass
+            sys.stderr.flush()
+            os._exit(EXIT_FORCED)
+        logger.info("%s received: stopping worker=%s", name, self.worker_id)
+        self.request_stop(name)
+
+    def _on_notify(self, label: str | None) -> None:
+        self.claimer.wake.set()
+
+    def _use_listen(self) -> bool:
+        """LISTEN on PostgreSQL unless no model notifies or a transaction pooler is in
+        front (a pgBouncer in transaction mode does not keep a LISTEN session)."""
+        if taskclaim_settings.POOLER_MODE == "transaction":
+            return False
+        return connections[self.using].vendor == "postgresql" and any(
+            get_options(m).notify for m in self.config.models
+        )
+
+    def _strategy(self, model: type[Model]) -> str:
+        name = self.config.strategies.get(model) or "auto"
+        try:
+            return resolve(name, self.using).name
+        except Exception:
+            return name
+
+    def _wait_for_database(self) -> bool:
+        """Connect (retrying with backoff during an outage); False if stopped meanwhile."""
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                connections[self.using].ensure_connection()
+                if failures:
+                    logger.info("database reachable worker=%s", self.worker_id)
+                return True
+            except DatabaseError as exc:
+                failures += 1
+                delay = backoff(failures)
+                log = logger.warning if failures == 1 else logger.debug
+                log(
+                    "database unreachable worker=%s error=%s retry_in=%.1fs",
+                    self.worker_id,
+                    one_line(exc),
+                    delay,
+                )
+                close(self.using)
+                self._main_wake.wait(delay)
+                self._main_wake.clear()
+        return False
+
+    def _work_left(self) -> bool:
+        """``--until-empty``: whether any served row is still ``ready`` (scheduled for
+        later, e.g. a retry) or ``processing`` (held by a worker)."""
+        for model in self.config.models:
+            opts = get_options(model)
+            rows = self.queryset(model).filter(opts.status_q("ready") | opts.status_q("processing"))
+            if rows.exists():
+                return True
+        return False
+
+    # -- release, requeue -------------------------------------------------------------------
+    def _release(self, tasks: Iterable[Any]) -> int:
+        """Give claimed-but-unstarted rows back (attempt not counted); return how many."""
+        done = 0
+        touched: set[type[Model]] = set()
+        for task in tasks:
+            try:
+                task.release()
+                done += 1
+                touched.add(type(task))
+            except ClaimLost:
+                pass
+            except DatabaseError as exc:
+                logger.warning(
+                    "could not release task=%s:%s worker=%s error=%s (its lease will expire)",
+                    type(task)._meta.label,
+                    task.pk,
+                    self.worker_id,
+                    one_line(exc),
+                )
+                close(self.using)
+        if done:
+            logger.info("released unstarted tasks=%s worker=%s", done, self.worker_id)
+            self._notify_ready(touched)
+        return done
+
+    def _requeue_running(self) -> None:
+        """After the grace period: give running rows back (this attempt counts)."""
+        running = [copy.copy(t) for t in self.ledger.running()]
+        for task in running:
+            label = type(task)._meta.label
+            logger.warning(
+                "grace period over, task still running task=%s:%s attempt=%s worker=%s: requeued",
+                label,
+                task.pk,
+                task.attempts,
+                self.worker_id,
+            )
+            try:
+                task.retry(delay=0, error=f"worker {self.worker_id} stopped after its grace period")
+            except ClaimLost:
+                pass
+            except DatabaseError as exc:
+                logger.warning(
+                    "could not requeue task=%s:%s error=%s", label, task.pk, one_line(exc)
+                )
+        self._notify_ready({type(t) for t in running})
+
+    def _notify_ready(self, touched: Iterable[type[Model]]) -> None:
+        from ..notify import notify
+
+        for model in touched:
+            try:
+                notify(model, using=self.using)
+            except DatabaseError:
+                close(self.using)

@@ -1,0 +1,107 @@
+"""Periodic reaping inside the worker (``--no-reap`` turns it off).
+
+At most once per ``TASKCLAIM_REAP_INTERVAL`` across all hosts (a lease lock on
+:data:`REAP_LOCK_KEY`, left to lapse), one worker recovers the rows whose lease expired
+(:func:`~django_taskclaim.reaper.recover`). A worker that falls silent is never
+declared dead here: its rows wait for their lease (NO EARLY RE-RUN).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+
+from django.db import DatabaseError
+from django.db.models import Model
+
+from ..conf import taskclaim_settings
+from ..reaper import recover
+from .dbconn import close, one_line
+
+logger = logging.getLogger("django_taskclaim.worker")
+
+REAP_LOCK_KEY = "taskclaim:reap"
+
+
+class Reaping(threading.Thread):
+    def __init__(
+        self,
+        models: list[type[Model]],
+        *,
+        using: str,
+        lock_db: str,
+        worker_id: str,
+        halt: threading.Event,
+        stopping: threading.Event,
+        on_requeued: Callable[[], None],
+    ) -> None:
+        super().__init__(name="taskclaim-reaper", daemon=True)
+        self.models = models
+        self.using = using
+        self.lock_db = lock_db
+        self.worker_id = worker_id
+        self.halt = halt
+        self.stopping = stopping
+        self.on_requeued = on_requeued
+
+    def run(self) -> None:
+        failures = 0
+        while True:
+            interval = float(taskclaim_settings.REAP_INTERVAL)
+            if self.halt.wait(interval * random.uniform(0.8, 1.2)):
+                break
+            if self.stopping.is_set():
+                continue
+            try:
+                self.once(interval)
+                failures = 0
+            except DatabaseError as exc:
+                failures += 1
+                log = logger.warning if failures == 1 else logger.debug
+                log("periodic reap failed worker=%s error=%s", self.worker_id, one_line(exc))
+                close(self.using)
+                close(self.lock_db)
+            except Exception as exc:
+                logger.error(
+                    "periodic reap failed worker=%s error=%s",
+                    self.worker_id,
+                    one_line(exc),
+                    exc_info=exc,
+                )
+        close(self.using)
+        close(self.lock_db)
+
+    def once(self, interval: float) -> None:
+        """Reap unless another worker did within ``interval`` (the lock is not released:
+        it lapses after ``interval``, so one reap per interval runs across all hosts)."""
+        from ..locks import LeaseLock
+
+        lock = LeaseLock(REAP_LOCK_KEY, interval, owner=self.worker_id, using=self.lock_db)
+        if not lock.acquire():
+            logger.debug(
+                "reap skipped worker=%s: another worker holds the reap lock", self.worker_id
+            )
+            return
+        result = recover(self.models, using=self.using)
+        if result.requeued:
+            self.on_requeued()
+
+
+def reap_before_burst(models: list[type[Model]], *, using: str, worker_id: str) -> None:
+    """``--burst``: recover expired leases once before draining, so rows of crashed
+    workers are part of what a burst run drains (``--no-reap`` skips it)."""
+    try:
+        result = recover(models, using=using)
+    except DatabaseError as exc:
+        close(using)
+        logger.warning("reap before burst failed worker=%s error=%s", worker_id, one_line(exc))
+        return
+    if result.total:
+        logger.info(
+            "reaped before burst worker=%s requeued=%s failed=%s",
+            worker_id,
+            result.requeued,
+            result.failed,
+        )

@@ -1,0 +1,135 @@
+"""The worker registry: one :class:`~django_taskclaim.models.WorkerProcess` row per
+worker, refreshed by the heartbeat thread, for operators (admin, stats).
+
+Display only: silence in the registry is never proof of death, and no row is taken from
+a silent worker before its lease ends (NO EARLY RE-RUN).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from django.db import DatabaseError, router
+from django.db.models import Model
+
+from ..conf import taskclaim_settings
+from ..db import DbNow
+from .dbconn import close, connection_trouble, one_line
+from .ledger import Ledger
+
+logger = logging.getLogger("django_taskclaim.worker")
+
+#: The registry row is refreshed at least this often (seconds), whatever the lease.
+REGISTRY_INTERVAL = 10.0
+
+
+def worker_model() -> type[Model]:
+    from ..models import WorkerProcess
+
+    return WorkerProcess
+
+
+def silent_after() -> float:
+    """Seconds of registry silence after which a worker is *shown* as silent
+    (``TASKCLAIM_WORKER_SILENT_AFTER``). Display only: silence is not death, and no row
+    is taken from a silent worker before its lease ends."""
+    return float(taskclaim_settings.WORKER_SILENT_AFTER)
+
+
+def silent_workers(*, using: str | None = None, exclude: Iterable[str] = ()) -> list[str]:
+    """Ids of registered, not stopped workers not heard from for :func:`silent_after`
+    seconds (database clock). For operators (stats, admin): a silent worker may be
+    paused, partitioned or dead; only :func:`~django_taskclaim.reaper.release_worker`,
+    called by someone who knows it is dead, frees its rows before their leases end."""
+    model = worker_model()
+    db = using or router.db_for_write(model)
+    return list(
+        model._default_manager.using(db)
+        .filter(stopped_at__isnull=True, last_seen__lt=DbNow() - timedelta(seconds=silent_after()))
+        .exclude(worker_id__in=list(exclude))
+        .values_list("worker_id", flat=True)
+    )
+
+
+class Registry:
+    """This process's row in the registry. A missing table (migrations not run) turns
+    the registry off with one warning; the worker runs on without it."""
+
+    def __init__(self, worker_id: str, labels: list[str], concurrency: int, ledger: Ledger) -> None:
+        self.worker_id = worker_id
+        self.labels = sorted(labels)
+        self.concurrency = concurrency
+        self.ledger = ledger
+        self.db = router.db_for_write(worker_model())
+        self.ok = True
+
+    def _rows(self) -> Any:
+        return worker_model()._default_manager.using(self.db).filter(worker_id=self.worker_id)
+
+    def register(self) -> None:
+        """Create or refresh the row (a worker id seen alive recently is warned about)."""
+        _in_flight, processed = self.ledger.counts()
+        fields = {
+            "hostname": socket.gethostname()[:255],
+            "pid": os.getpid(),
+            "model_labels": self.labels,
+            "concurrency": self.concurrency,
+            "in_flight": 0,
+            "processed": processed,
+            "stopped_at": None,
+        }
+        try:
+            qs = self._rows()
+            prior = qs.filter(
+                stopped_at__isnull=True,
+                last_seen__gte=DbNow() - timedelta(seconds=silent_after()),
+            ).exists()
+            if prior:
+                logger.warning(
+                    "worker id %s is registered as alive: another process may use the same "
+                    "--worker-id",
+                    self.worker_id,
+                )
+            if not qs.update(started_at=DbNow(), last_seen=DbNow(), **fields):
+                worker_model()._default_manager.using(self.db).create(
+                    worker_id=self.worker_id, **fields
+                )
+        except DatabaseError as exc:
+            close(self.db)
+            if connection_trouble(exc):
+                return  # registered by the next heartbeat that reaches the database
+            self.ok = False
+            logger.warning(
+                "worker registry unavailable worker=%s error=%s (run migrate); continuing without",
+                self.worker_id,
+                one_line(exc),
+            )
+
+    def touch(self) -> None:
+        """Refresh ``last_seen`` and the counts (re-registers if the row is gone)."""
+        if not self.ok:
+            return
+        in_flight, processed = self.ledger.counts()
+        found = self._rows().update(
+            last_seen=DbNow(), in_flight=in_flight, processed=processed, stopped_at=None
+        )
+        if not found:  # not registered yet (outage at start) or the row was deleted
+            self.register()
+
+    def deregister(self) -> None:
+        """Mark the row stopped (best effort)."""
+        if not self.ok:
+            return
+        try:
+            self._rows().update(
+                last_seen=DbNow(), stopped_at=DbNow(), in_flight=0, processed=self.ledger.processed
+            )
+        except DatabaseError as exc:
+            logger.warning(
+                "could not mark worker stopped worker=%s error=%s", self.worker_id, one_line(exc)
+            )
