@@ -6,7 +6,7 @@ VENV ?= .venv
 # Where `make clean-db` looks for the example's embedded PostgreSQL (as scripts/demo.sh).
 EMBEDDED_PG_DIR ?= example_project/var/pg
 
-.PHONY: venv test test-fast lint demo serve bench racelab clean-db dist check-fresh-states
+.PHONY: venv test test-fast lint demo serve bench bench-peers racelab clean-db dist check-fresh-states
 
 venv:
 	@scripts/bootstrap.sh $(VENV) >/dev/null
@@ -29,6 +29,11 @@ serve:
 
 bench: venv
 	@$(VENV)/bin/python benchmarks/run.py $(ARGS)
+
+# Our worker beside PgQueuer, same database, same run; the claimers sweep (PostgreSQL).
+bench-peers: venv
+	@$(VENV)/bin/pip install -q --group bench
+	@$(VENV)/bin/python benchmarks/peers.py $(ARGS)
 
 racelab:
 	@VENV=$(VENV) scripts/demo.sh racelab
