@@ -14,8 +14,11 @@ for the diagram and the life of a task through them):
 - :mod:`.heartbeat` — lease extension of every held row, due acks, the registry;
 - :mod:`.registry` — the :class:`~django_taskclaim.models.WorkerProcess` row (display only);
 - :mod:`.reaping` — periodic recovery of expired leases;
+- :mod:`.scope` — the rows served (``--queue``), what is left of them, the wake-up mode;
+- :mod:`.handback` — rows given back: unstarted ones at once, running ones after grace;
 - :mod:`.process` — :class:`Worker`: the wiring, the main loop, signals and grace;
 - :mod:`.supervisor` — ``--processes N``: forks, restarts, releases a dead child's rows;
+- :mod:`.dbconn` — connection trouble, backoff, waiting for the database;
 - :mod:`.exits` — exit codes.
 
 ``manage.py taskclaim_worker`` only parses its options into :meth:`WorkerConfig.build`.

@@ -13,35 +13,32 @@ second signal exits at once (:data:`~.exits.EXIT_FORCED`; leases recover the res
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, connections
-from django.db.models import Min, Model
+from django.db import connections
+from django.db.models import Model
 
-from ..conf import taskclaim_settings
 from ..db import default_worker_id
-from ..exceptions import ClaimLost
-from ..options import get_options
-from ..querysets import ClaimQuerySet
-from ..strategies import resolve, was_recovered
+from ..strategies import was_recovered
 from .acks import Acks
 from .claimer import Claimer
 from .config import WorkerConfig
-from .dbconn import backoff, close, one_line
+from .dbconn import wait_for_database
 from .executors import Executors
 from .exits import EXIT_BROKEN, EXIT_FORCED, EXIT_GRACE_EXPIRED, EXIT_OK
+from .handback import Handback
 from .heartbeat import Heartbeat
 from .ledger import Ledger
 from .reaping import Reaping, reap_before_burst
 from .registry import Registry
+from .scope import Scope
 
 logger = logging.getLogger("django_taskclaim.worker")
 
@@ -78,6 +75,8 @@ class Worker:
             worker_id=self.worker_id,
             halt=self._halt,
         )
+        self.scope = Scope(config)
+        self.handback = Handback(self.ledger, using=self.using, worker_id=self.worker_id)
         self.registry = Registry(
             self.worker_id, list(self.labels.values()), config.concurrency, self.ledger
         )
@@ -86,9 +85,9 @@ class Worker:
             self.ledger,
             self.acks,
             worker_id=self.worker_id,
-            queryset=self.queryset,
-            work_left=self._work_left,
-            release=self._release,
+            queryset=self.scope.queryset,
+            work_left=self.scope.work_left,
+            release=self.handback.release,
             stopping=self._stopping,
         )
         self.executors = Executors(
@@ -116,14 +115,16 @@ class Worker:
     def describe(self) -> str:
         """The startup line: what runs where (never credentials)."""
         conn = connections[self.using]
-        strategies = ",".join(f"{label}={self._strategy(m)}" for m, label in self.labels.items())
+        strategies = ",".join(
+            f"{label}={self.scope.strategy(m)}" for m, label in self.labels.items()
+        )
         c = self.config
         return (
             f"taskclaim worker id={self.worker_id} pid={os.getpid()} "
             f"models={','.join(self.labels.values())} strategy={strategies} "
             f"concurrency={c.concurrency} batch={c.batch} "
             f"lease={self.lease:g}s database={self.using} vendor={conn.vendor} "
-            f"wakeup={'listen+poll' if self._use_listen() else 'poll'} poll={c.poll:g}s "
+            f"wakeup={'listen+poll' if self.scope.use_listen() else 'poll'} poll={c.poll:g}s "
             f"ack-window={c.ack_window:g}s reap={'on' if c.reap else 'off'}"
             + (" burst" if c.burst else "")
             + (f" queue={c.queue}" if c.queue else "")
@@ -157,41 +158,17 @@ class Worker:
 
     def queryset(self, model: type[Model]) -> Any:
         """The rows of ``model`` this worker serves (``--queue`` applied)."""
-        qs = model._default_manager.db_manager(self.using).all()
-        if not hasattr(qs, "claim"):
-            qs = ClaimQuerySet(model=model, using=self.using)
-        if self.config.queue is not None:
-            qs = qs.filter(queue_name=self.config.queue)
-        return qs
+        return self.scope.queryset(model)
 
     def leftover(self) -> str:
-        """One line for the end of a ``--burst`` run: what is left, by state, and when the
-        next scheduled row comes due (database clock)."""
-        from ..monitoring import db_now
-
-        parts = []
-        now = db_now(self.using)
-        for model in self.config.models:
-            opts = get_options(model)
-            qs = self.queryset(model)
-            stats = qs.stats()  # one GROUP BY, counts per state
-            counts = {k: stats.get(k, 0) for k in ("ready", "processing", "failed")}
-            text = " ".join(f"{k}={v}" for k, v in counts.items())
-            if counts["ready"] and opts.has("run_after"):
-                ready = qs.filter(opts.status_q("ready"))
-                due = ready.filter(run_after__gt=now).aggregate(m=Min("run_after"))["m"]
-                if due is not None:
-                    text += f" (next due in {(due - now).total_seconds():.1f}s)"
-                else:
-                    text += " (due now)"
-            parts.append(f"{self.labels[model]}: {text}")
-        return "burst finished; left: " + "; ".join(parts)
+        """One line for the end of a ``--burst`` run (see :meth:`.scope.Scope.leftover`)."""
+        return self.scope.leftover()
 
     # -- main loop ------------------------------------------------------------------------
     def _run(self) -> int:
         started = time.monotonic()
         c = self.config
-        if not self._wait_for_database():
+        if not wait_for_database(self.using, self._stopping, self._main_wake, self.worker_id):
             return EXIT_OK
         if self.config.burst and self.config.reap:
             reap_before_burst(self.config.models, using=self.using, worker_id=self.worker_id)
@@ -221,7 +198,7 @@ class Worker:
                 if grace_deadline is None:
                     grace_deadline = now + c.grace
                     self.ledger.stop()
-                    self._release(self.ledger.take_unstarted())
+                    self.handback.release(self.ledger.take_unstarted())
                     running = len(self.ledger.running())
                     if running:
                         logger.info(
@@ -234,7 +211,7 @@ class Worker:
                 elif now >= grace_deadline:
                     code = EXIT_GRACE_EXPIRED
                     self.acks.flush()
-                    self._requeue_running()
+                    self.handback.requeue_running()
                     break
             timeout = 1.0 if grace_deadline is None else max(0.01, min(1.0, grace_deadline - now))
             self._main_wake.wait(timeout)
@@ -246,7 +223,7 @@ class Worker:
         self.claimer.wake.set()
         # A claim in flight ends in the ledger's refusal and the claimer's own release.
         self.claimer.join(timeout=max(5.0, c.grace))
-        self._release(self.ledger.take_unstarted())  # e.g. executors broken before taking
+        self.handback.release(self.ledger.take_unstarted())  # e.g. executors broken before taking
         self._halt.set()
         self.acks.new_deadline.set()
         self.claimer.wake.set()
@@ -270,7 +247,7 @@ class Worker:
         return code
 
     def _start_helpers(self) -> None:
-        if self._use_listen():
+        if self.scope.use_listen():
             from ..notify import Listener
 
             self._listener = Listener(self.using, self.labels.values(), self._on_notify)
@@ -303,7 +280,7 @@ class Worker:
             t.start()
 
     def _after_reap(self) -> None:
-        self._notify_ready(self.config.models)
+        self.handback.notify_ready(self.config.models)
         self.claimer.wake.set()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -327,110 +304,3 @@ class Worker:
 
     def _on_notify(self, label: str | None) -> None:
         self.claimer.wake.set()
-
-    def _use_listen(self) -> bool:
-        """LISTEN on PostgreSQL unless no model notifies or a transaction pooler is in
-        front (a pgBouncer in transaction mode does not keep a LISTEN session)."""
-        if taskclaim_settings.POOLER_MODE == "transaction":
-            return False
-        return connections[self.using].vendor == "postgresql" and any(
-            get_options(m).notify for m in self.config.models
-        )
-
-    def _strategy(self, model: type[Model]) -> str:
-        name = self.config.strategies.get(model) or "auto"
-        try:
-            return resolve(name, self.using).name
-        except Exception:
-            return name
-
-    def _wait_for_database(self) -> bool:
-        """Connect (retrying with backoff during an outage); False if stopped meanwhile."""
-        failures = 0
-        while not self._stopping.is_set():
-            try:
-                connections[self.using].ensure_connection()
-                if failures:
-                    logger.info("database reachable worker=%s", self.worker_id)
-                return True
-            except DatabaseError as exc:
-                failures += 1
-                delay = backoff(failures)
-                log = logger.warning if failures == 1 else logger.debug
-                log(
-                    "database unreachable worker=%s error=%s retry_in=%.1fs",
-                    self.worker_id,
-                    one_line(exc),
-                    delay,
-                )
-                close(self.using)
-                self._main_wake.wait(delay)
-                self._main_wake.clear()
-        return False
-
-    def _work_left(self) -> bool:
-        """``--until-empty``: whether any served row is still ``ready`` (scheduled for
-        later, e.g. a retry) or ``processing`` (held by a worker)."""
-        for model in self.config.models:
-            opts = get_options(model)
-            rows = self.queryset(model).filter(opts.status_q("ready") | opts.status_q("processing"))
-            if rows.exists():
-                return True
-        return False
-
-    # -- release, requeue -------------------------------------------------------------------
-    def _release(self, tasks: Iterable[Any]) -> int:
-        """Give claimed-but-unstarted rows back (attempt not counted); return how many."""
-        done = 0
-        touched: set[type[Model]] = set()
-        for task in tasks:
-            try:
-                task.release()
-                done += 1
-                touched.add(type(task))
-            except ClaimLost:
-                pass
-            except DatabaseError as exc:
-                logger.warning(
-                    "could not release task=%s:%s worker=%s error=%s (its lease will expire)",
-                    type(task)._meta.label,
-                    task.pk,
-                    self.worker_id,
-                    one_line(exc),
-                )
-                close(self.using)
-        if done:
-            logger.info("released unstarted tasks=%s worker=%s", done, self.worker_id)
-            self._notify_ready(touched)
-        return done
-
-    def _requeue_running(self) -> None:
-        """After the grace period: give running rows back (this attempt counts)."""
-        running = [copy.copy(t) for t in self.ledger.running()]
-        for task in running:
-            label = type(task)._meta.label
-            logger.warning(
-                "grace period over, task still running task=%s:%s attempt=%s worker=%s: requeued",
-                label,
-                task.pk,
-                task.attempts,
-                self.worker_id,
-            )
-            try:
-                task.retry(delay=0, error=f"worker {self.worker_id} stopped after its grace period")
-            except ClaimLost:
-                pass
-            except DatabaseError as exc:
-                logger.warning(
-                    "could not requeue task=%s:%s error=%s", label, task.pk, one_line(exc)
-                )
-        self._notify_ready({type(t) for t in running})
-
-    def _notify_ready(self, touched: Iterable[type[Model]]) -> None:
-        from ..notify import notify
-
-        for model in touched:
-            try:
-                notify(model, using=self.using)
-            except DatabaseError:
-                close(self.using)

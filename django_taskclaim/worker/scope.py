@@ -1,0 +1,82 @@
+"""What one worker serves: its models' rows on its database, ``--queue`` applied, what
+is left of them (``--burst``'s summary, ``--until-empty``'s test), the strategy each
+resolves to and whether the worker can be woken by ``LISTEN``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connections
+from django.db.models import Min, Model
+
+from ..conf import taskclaim_settings
+from ..options import get_options
+from ..querysets import ClaimQuerySet
+from ..strategies import resolve
+from .config import WorkerConfig
+
+
+class Scope:
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.using = config.using
+        self.labels = {m: m._meta.label for m in config.models}
+
+    def queryset(self, model: type[Model]) -> Any:
+        """The rows of ``model`` this worker serves (``--queue`` applied)."""
+        qs = model._default_manager.db_manager(self.using).all()
+        if not hasattr(qs, "claim"):
+            qs = ClaimQuerySet(model=model, using=self.using)
+        if self.config.queue is not None:
+            qs = qs.filter(queue_name=self.config.queue)
+        return qs
+
+    def leftover(self) -> str:
+        """One line for the end of a ``--burst`` run: what is left, by state, and when the
+        next scheduled row comes due (database clock)."""
+        from ..monitoring import db_now
+
+        parts = []
+        now = db_now(self.using)
+        for model in self.config.models:
+            opts = get_options(model)
+            qs = self.queryset(model)
+            stats = qs.stats()  # one GROUP BY, counts per state
+            counts = {k: stats.get(k, 0) for k in ("ready", "processing", "failed")}
+            text = " ".join(f"{k}={v}" for k, v in counts.items())
+            if counts["ready"] and opts.has("run_after"):
+                ready = qs.filter(opts.status_q("ready"))
+                due = ready.filter(run_after__gt=now).aggregate(m=Min("run_after"))["m"]
+                if due is not None:
+                    text += f" (next due in {(due - now).total_seconds():.1f}s)"
+                else:
+                    text += " (due now)"
+            parts.append(f"{self.labels[model]}: {text}")
+        return "burst finished; left: " + "; ".join(parts)
+
+    def work_left(self) -> bool:
+        """``--until-empty``: whether any served row is still ``ready`` (scheduled for
+        later, e.g. a retry) or ``processing`` (held by a worker)."""
+        for model in self.config.models:
+            opts = get_options(model)
+            rows = self.queryset(model).filter(opts.status_q("ready") | opts.status_q("processing"))
+            if rows.exists():
+                return True
+        return False
+
+    def use_listen(self) -> bool:
+        """LISTEN on PostgreSQL unless no model notifies or a transaction pooler is in
+        front (a pgBouncer in transaction mode does not keep a LISTEN session)."""
+        if taskclaim_settings.POOLER_MODE == "transaction":
+            return False
+        return connections[self.using].vendor == "postgresql" and any(
+            get_options(m).notify for m in self.config.models
+        )
+
+    def strategy(self, model: type[Model]) -> str:
+        """The claim strategy ``model`` resolves to on this database (for the startup line)."""
+        name = self.config.strategies.get(model) or "auto"
+        try:
+            return resolve(name, self.using).name
+        except Exception:
+            return name
