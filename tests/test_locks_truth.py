@@ -84,6 +84,8 @@ def test_held_turns_false_before_anyone_else_can_take_it_even_if_renewal_hangs()
     lock = LeaseLock("hung", 1.0, auto_renew=0.2)
     sent = time.monotonic()  # no later than the send of the acquiring statement
     lock.__enter__()
+    renewer = lock._renewer
+    assert renewer is not None
     release, locker = row_locker("hung")
     try:
         wait_for(lambda: not lock.held, timeout=5, what="held to turn False")
@@ -98,6 +100,10 @@ def test_held_turns_false_before_anyone_else_can_take_it_even_if_renewal_hangs()
     finally:
         release.set()
         locker.join(10)
+        # Its statement answers once the row lock goes: the renewer must then end, not
+        # outlive the test (a leaked thread would touch the next test's database).
+        renewer.join(30)
+    assert not renewer.is_alive()
     # The holder knew before the lease could end (send + ttl): the database could not
     # hand it over earlier. (wait_for polls every 20 ms, well inside the 100 ms margin.)
     assert turned - sent < 1.0 - safety_margin(1.0) + 0.05
