@@ -90,10 +90,6 @@ class Ledger:
             with self._lock:
                 self._reserved -= n
 
-    def budget_spent(self) -> bool:
-        with self._lock:
-            return self.max_tasks is not None and self._reserved >= self.max_tasks
-
     def add_claimed(self, rows: list[Any]) -> bool:
         """Queue freshly claimed rows for the executors, in claim order. Returns False,
         queuing nothing, once the ledger is stopped: the caller releases them."""

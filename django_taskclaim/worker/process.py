@@ -107,11 +107,6 @@ class Worker:
         """Seconds each claim is leased for (``--lease`` or the shortest model lease)."""
         return self.config.shortest_lease
 
-    @property
-    def heartbeat_interval(self) -> float:
-        """Seconds between lease extensions (see :attr:`WorkerConfig.heartbeat_interval`)."""
-        return self.config.heartbeat_interval
-
     def describe(self) -> str:
         """The startup line: what runs where (never credentials)."""
         conn = connections[self.using]

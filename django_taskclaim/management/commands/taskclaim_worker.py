@@ -36,7 +36,12 @@ class Command(BaseCommand):
             "dead one's rows at once (default: one process, no supervisor; give -p 1 for "
             "one supervised process)",
         )
-        parser.add_argument("--batch", "-b", default="1", help="rows claimed per round trip")
+        parser.add_argument(
+            "--batch",
+            "-b",
+            default="1",
+            help="rows held per executor thread; one claim takes up to max(batch, concurrency)",
+        )
         parser.add_argument("--lease", default=None, help="lease seconds (default: per model)")
         parser.add_argument(
             "--poll", default=None, help="seconds between polls (default TASKCLAIM_POLL_INTERVAL)"
