@@ -64,7 +64,6 @@ from benchmarks.run import (  # noqa: E402
     TICKS,
     child_env,
     drained_rate,
-    ensure_database,
     fill,
     idle_worker,
     log,
@@ -72,6 +71,7 @@ from benchmarks.run import (  # noqa: E402
     med,
     pct,
     proc_tree,
+    reachable_aliases,
     rss_mb,
     server_version,
     table,
@@ -934,16 +934,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def pick_alias(args: argparse.Namespace) -> tuple[str | None, str | None]:
     """(alias, None) or (None, the reason no PostgreSQL database can be used)."""
-    ready = []
-    for alias in connections:
-        # Every configured database must exist, measured or not: the worker processes
-        # run Django's system checks, which connect to each of them.
-        try:
-            ensure_database(alias)
-        except Exception as exc:
-            log(f"database {alias!r} unavailable: {exc}")
-            continue
-        ready.append(alias)
+    ready = reachable_aliases()
     if args.database:
         if args.database not in ready:
             return None, f"database {args.database!r} is not configured or not reachable"

@@ -1188,23 +1188,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def reachable_aliases() -> list[str]:
+    """Create every configured database that is missing; return the reachable aliases.
+
+    Every configured database must exist, measured or not: the worker processes run
+    Django's system checks, which connect to each of them."""
+    ready = []
+    for alias in connections:
+        try:
+            ensure_database(alias)
+        except Exception as exc:
+            log(f"database {alias!r} unavailable: {exc}")
+            continue
+        ready.append(alias)
+    return ready
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render:
         print(report(json.loads(args.render.read_text())))
         return 0
     sections = args.only or list(SECTIONS)
-    aliases = []
-    for alias in connections:
-        # Every configured database must exist, measured or not: the worker processes
-        # run Django's system checks, which connect to each of them.
-        try:
-            ensure_database(alias)
-        except Exception as exc:
-            log(f"database {alias!r} unavailable: {exc}")
-            continue
-        if not args.vendors or vendor(alias) in args.vendors:
-            aliases.append(alias)
+    aliases = [a for a in reachable_aliases() if not args.vendors or vendor(a) in args.vendors]
     pg = [a for a in aliases if vendor(a) == "postgresql"]
     started = time.monotonic()
     data: dict[str, Any] = {
