@@ -15,6 +15,7 @@ from django.db import DatabaseError
 from django_taskclaim import Fail, Retry
 from django_taskclaim.exceptions import ClaimLost
 from django_taskclaim.lifecycle import Attempt, BatchableResult, TaskAborted, attempt, settle
+from django_taskclaim.querysets import ClaimQuerySet
 from django_taskclaim.worker import EXIT_BROKEN, EXIT_OK, Worker, WorkerConfig
 from django_taskclaim.worker import acks as acks_module
 from django_taskclaim.worker.acks import Acks
@@ -259,19 +260,32 @@ def test_the_heartbeat_thread_survives_an_unexpected_error():
 
 # -- one claimer per process; executors that keep crashing -------------------------------
 @pytestmark_db
-def test_one_claimer_feeds_every_executor(settings):
+def test_one_claimer_feeds_every_executor(settings, monkeypatch):
     settings.TASKCLAIM_REAP_INTERVAL = 3600
     Document.objects.bulk_create(Document(title=str(i)) for i in range(60))
+    calls: list[tuple[str, int, int]] = []  # (thread, rows asked, rows got)
+    claim = ClaimQuerySet.claim
+
+    def recorded(self, n=1, **kwargs):
+        rows = claim(self, n, **kwargs)
+        calls.append((threading.current_thread().name, n, len(rows)))
+        return rows
+
+    monkeypatch.setattr(ClaimQuerySet, "claim", recorded)
     config = WorkerConfig.build(
         ["testapp.Document"], concurrency=4, batch=5, burst=True, ack_window=0.05, reap=False
     )
     worker = Worker(config)
     assert worker.run() == EXIT_OK
     assert Document.objects.filter(status="done").count() == 60
-    # 60 rows, claims of up to max(batch, concurrency) = 5 while busy: 12 full claims,
-    # a few smaller top-ups and one empty claim; per-thread claiming would make 4 empty
-    # claims at the end alone.
-    assert 12 <= worker.claimer.claims <= 20, worker.claimer.claims
+    # Every claim statement came from the one claimer thread, none larger than
+    # max(batch, concurrency) = 5, and a burst ends on at most two empty claims (one
+    # while the last rows run, one after they settled); per-thread claiming would make
+    # at least one per executor.
+    assert {thread for thread, _n, _got in calls} == {"taskclaim-claimer"}
+    assert max(n for _t, n, _got in calls) == 5
+    assert [got for _t, _n, got in calls].count(0) in (1, 2)
+    assert worker.claimer.claims == len(calls)
 
 
 @pytestmark_db

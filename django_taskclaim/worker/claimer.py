@@ -118,7 +118,9 @@ class Claimer(threading.Thread):
             self.acks.flush()  # nothing to claim: no reason to keep completions waiting
             if self.config.burst:
                 if self.ledger.in_flight():
-                    self.ledger.wait_until_idle(poll)  # they may retry: look again after
+                    # They may retry: once they have all settled, one last look.
+                    while not self.stopping.is_set() and not self.ledger.wait_until_idle(poll):
+                        pass
                     continue
                 if not (self.config.until_empty and self.work_left()):
                     self._finish()

@@ -105,7 +105,6 @@ class Executors:
                 exc_info=exc,
             )
         finally:
-            self.ledger.settled(me)
             connections.close_all()  # this thread's connections only
             self.wake_main.set()
 

@@ -54,7 +54,6 @@ class Worker:
         self.config = config
         self.using = config.using
         self.worker_id = config.worker_id or default_worker_id()
-        self.labels = {m: m._meta.label for m in config.models}
         self._stopping = threading.Event()  # no new claims, nothing new started
         self._halt = threading.Event()  # helper threads end
         self._main_wake = threading.Event()
@@ -78,7 +77,7 @@ class Worker:
         self.scope = Scope(config)
         self.handback = Handback(self.ledger, using=self.using, worker_id=self.worker_id)
         self.registry = Registry(
-            self.worker_id, list(self.labels.values()), config.concurrency, self.ledger
+            self.worker_id, list(self.scope.labels.values()), config.concurrency, self.ledger
         )
         self.claimer = Claimer(
             config,
@@ -111,12 +110,12 @@ class Worker:
         """The startup line: what runs where (never credentials)."""
         conn = connections[self.using]
         strategies = ",".join(
-            f"{label}={self.scope.strategy(m)}" for m, label in self.labels.items()
+            f"{label}={self.scope.strategy(m)}" for m, label in self.scope.labels.items()
         )
         c = self.config
         return (
             f"taskclaim worker id={self.worker_id} pid={os.getpid()} "
-            f"models={','.join(self.labels.values())} strategy={strategies} "
+            f"models={','.join(self.scope.labels.values())} strategy={strategies} "
             f"concurrency={c.concurrency} batch={c.batch} "
             f"lease={self.lease:g}s database={self.using} vendor={conn.vendor} "
             f"wakeup={'listen+poll' if self.scope.use_listen() else 'poll'} poll={c.poll:g}s "
@@ -245,7 +244,7 @@ class Worker:
         if self.scope.use_listen():
             from ..notify import Listener
 
-            self._listener = Listener(self.using, self.labels.values(), self._on_notify)
+            self._listener = Listener(self.using, self.scope.labels.values(), self._on_notify)
             self._listener.start()
         self._helpers.append(
             Heartbeat(
