@@ -369,7 +369,16 @@ class SkipLocked(Strategy):
     def _features_ok(self, conn: Any) -> bool:
         return bool(conn.features.has_select_for_update_skip_locked)
 
-    def claim(self, qs, n, *, opts, lease, worker, cache_key=None):
+    def claim(
+        self,
+        qs: models.QuerySet,
+        n: int,
+        *,
+        opts: ClaimOptions,
+        lease: float,
+        worker: str,
+        cache_key: tuple[Any, ...] | None = None,
+    ) -> list[models.Model]:
         conn = connections[qs.db]
         if conn.vendor == "postgresql":
             sql, params = _compiled_candidates(qs, opts, n, cache_key)
@@ -381,7 +390,9 @@ class SkipLocked(Strategy):
             )
         return self._claim_in_transaction(qs, n, opts=opts, lease=lease, worker=worker)
 
-    def _claim_in_transaction(self, qs, n, *, opts, lease, worker):
+    def _claim_in_transaction(
+        self, qs: models.QuerySet, n: int, *, opts: ClaimOptions, lease: float, worker: str
+    ) -> list[models.Model]:
         conn = connections[qs.db]
         of = ("self",) if conn.features.has_select_for_update_of else ()
         with transaction.atomic(using=qs.db):
@@ -429,13 +440,24 @@ class CompareAndSet(Strategy):
 
     name = "cas"
 
-    def claim(self, qs, n, *, opts, lease, worker, cache_key=None):
+    def claim(
+        self,
+        qs: models.QuerySet,
+        n: int,
+        *,
+        opts: ClaimOptions,
+        lease: float,
+        worker: str,
+        cache_key: tuple[Any, ...] | None = None,
+    ) -> list[models.Model]:
         conn = connections[qs.db]
         if conn.vendor == "sqlite" and conn.features.can_return_columns_from_insert:
             return self._claim_sqlite(qs, n, opts=opts, lease=lease, worker=worker)
         return self._claim_candidates(qs, n, opts=opts, lease=lease, worker=worker)
 
-    def _claim_sqlite(self, qs, n, *, opts, lease, worker):
+    def _claim_sqlite(
+        self, qs: models.QuerySet, n: int, *, opts: ClaimOptions, lease: float, worker: str
+    ) -> list[models.Model]:
         """SQLite runs one writer at a time, so the compare-and-set of a whole batch is one
         statement: ``UPDATE … WHERE pk IN (<n candidates>) AND status = ready RETURNING *``.
 
@@ -458,7 +480,9 @@ class CompareAndSet(Strategy):
         recovered = {p["pk"] for p in picked if p["locked_until"] is not None}
         return _sort(_mark_recovered(rows, recovered), opts.ordering)
 
-    def _claim_candidates(self, qs, n, *, opts, lease, worker):
+    def _claim_candidates(
+        self, qs: models.QuerySet, n: int, *, opts: ClaimOptions, lease: float, worker: str
+    ) -> list[models.Model]:
         from .conf import taskclaim_settings
 
         base = qs.model._base_manager.using(qs.db)
@@ -525,7 +549,16 @@ class Advisory(Strategy):
     name = "advisory"
     vendors = frozenset({"postgresql"})
 
-    def claim(self, qs, n, *, opts, lease, worker, cache_key=None):
+    def claim(
+        self,
+        qs: models.QuerySet,
+        n: int,
+        *,
+        opts: ClaimOptions,
+        lease: float,
+        worker: str,
+        cache_key: tuple[Any, ...] | None = None,
+    ) -> list[models.Model]:
         sql, params = _compiled_candidates(qs, opts, max(n * 4, n + 8), cache_key)
         candidates = (
             f"SELECT c.pk, c.prev FROM ({sql}) c(pk, prev) "
@@ -550,7 +583,16 @@ class Serializable(Strategy):
     name = "serializable"
     vendors = frozenset({"postgresql"})
 
-    def claim(self, qs, n, *, opts, lease, worker, cache_key=None):
+    def claim(
+        self,
+        qs: models.QuerySet,
+        n: int,
+        *,
+        opts: ClaimOptions,
+        lease: float,
+        worker: str,
+        cache_key: tuple[Any, ...] | None = None,
+    ) -> list[models.Model]:
         with transaction.atomic(using=qs.db):
             with connections[qs.db].cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
@@ -571,7 +613,16 @@ class Hold(Strategy):
     vendors = frozenset({"postgresql"})
     needs_caller_atomic = True
 
-    def claim(self, qs, n, *, opts, lease, worker, cache_key=None):
+    def claim(
+        self,
+        qs: models.QuerySet,
+        n: int,
+        *,
+        opts: ClaimOptions,
+        lease: float,
+        worker: str,
+        cache_key: tuple[Any, ...] | None = None,
+    ) -> list[models.Model]:
         return SkipLocked().claim(qs, n, opts=opts, lease=lease, worker=worker, cache_key=cache_key)
 
 

@@ -10,16 +10,18 @@ which is one name for every vendor.)
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import migrations
 
 
-def _collation(connection) -> str:
+def _collation(connection: Any) -> str:
     if connection.mysql_is_mariadb:
         return "utf8mb4_nopad_bin"
     return "utf8mb4_0900_bin" if connection.mysql_version >= (8, 0) else "utf8mb4_bin"
 
 
-def exact_keys(apps, schema_editor) -> None:
+def exact_keys(apps: Any, schema_editor: Any) -> None:
     connection = schema_editor.connection
     if connection.vendor != "mysql":
         return
