@@ -18,14 +18,14 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from django.conf import settings
 from django.core import checks
 from django.db import connections, router
 
-from .conf import taskclaim_settings
+from . import bounds
+from .conf import PREFIX, taskclaim_settings
 from .exceptions import TaskClaimError
 from .options import claimable_models, get_options
 from .strategies import resolve
@@ -71,26 +71,15 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 
 
 def _check_numbers() -> list[checks.CheckMessage]:
-    from .conf import BOUNDS, PREFIX
-
     errors: list[checks.CheckMessage] = []
-    for name, (low, high) in BOUNDS.items():
+    for name, bound in bounds.SETTINGS.items():
         value = getattr(taskclaim_settings, name)
-        if value is None and name == "HEARTBEAT_INTERVAL":
-            continue
-        whole = isinstance(low, int) and isinstance(high, int)
-        ok = (
-            not isinstance(value, bool)
-            and isinstance(value, int if whole else int | float)
-            and math.isfinite(value)
-            and low <= value <= high
-        )
-        if not ok:
-            what = "a whole number" if whole else "a number"
+        if bounds.setting_problem(name, value) is not None:
+            what = "a whole number" if bound.whole else "a number"
             errors.append(
                 checks.Error(
                     f"{PREFIX}{name} is {value!r}.",
-                    hint=f"Use {what} from {low:g} to {high:g} (see docs/settings.md).",
+                    hint=f"Use {what} {bound.text()} (see docs/settings.md).",
                     id="taskclaim.E005",
                 )
             )

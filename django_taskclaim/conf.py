@@ -3,7 +3,8 @@
 ``from django_taskclaim.conf import taskclaim_settings`` then
 ``taskclaim_settings.LEASE`` returns ``settings.TASKCLAIM_LEASE`` if the project sets
 it, else the default below. Because nothing is cached, ``override_settings`` works.
-Unknown ``TASKCLAIM_*`` names are reported by the system check ``taskclaim.E001``.
+Unknown ``TASKCLAIM_*`` names are reported by the system check ``taskclaim.E001``;
+numeric ones are bounded by :data:`django_taskclaim.bounds.SETTINGS` (``taskclaim.E005``).
 Every setting is documented in ``docs/settings.md``.
 """
 
@@ -74,23 +75,6 @@ REMOVED: dict[str, str] = {
         "(or for its supervisor, or an operator, to release them). Use "
         "TASKCLAIM_WORKER_SILENT_AFTER to say when the admin and stats show a worker as silent."
     ),
-}
-
-#: Numeric settings: (low, high) bounds, inclusive, checked by ``taskclaim.E005``.
-BOUNDS: dict[str, tuple[float, float]] = {
-    "LEASE": (0.001, 30 * 24 * 3600.0),
-    "MAX_ATTEMPTS": (1, 1_000_000),
-    "RETRY_BACKOFF": (0.0, 365 * 24 * 3600.0),
-    "RETRY_BACKOFF_MAX": (0.0, 365 * 24 * 3600.0),
-    "RETRY_JITTER": (0.0, 1.0),
-    "CAS_CANDIDATES": (1, 10_000),
-    "DB_RETRIES": (0, 1000),
-    "REAP_BATCH": (1, 100_000),
-    "REAP_INTERVAL": (0.1, 24 * 3600.0),
-    "POLL_INTERVAL": (0.01, 3600.0),
-    "ACK_WINDOW": (0.0, 60.0),
-    "HEARTBEAT_INTERVAL": (0.01, 15 * 24 * 3600.0),
-    "WORKER_SILENT_AFTER": (1.0, 30 * 24 * 3600.0),
 }
 
 taskclaim_settings = TaskClaimSettings()

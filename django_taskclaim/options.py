@@ -16,17 +16,16 @@ at call time. :func:`get_options` resolves and validates them.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from django.apps import apps
 from django.db import models
 from django.utils.module_loading import import_string
 
+from . import bounds
 from .conf import taskclaim_settings
 from .exceptions import ConfigurationError, NotClaimableError
 from .status import STATE_NAMES, Status
@@ -59,18 +58,6 @@ _LIVE = {
 }
 _STATIC = ("ordering", "handler", "status_field", "statuses", "atomic")
 _ALLOWED = set(_LIVE) | set(_STATIC)
-
-
-def _seconds(value: Any, name: str, *, allow_zero: bool = False) -> float:
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigurationError(f"{name} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value):
-        raise ConfigurationError(f"{name} must be a finite number of seconds, got {value!r}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigurationError(f"{name} must be > 0 seconds, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -235,25 +222,20 @@ class ClaimOptions:
 
     @property
     def lease(self) -> float:
-        """Seconds a claim holds a row: finite, above 0, at most 30 days."""
-        from .strategies import MAX_LEASE
-
-        value = _seconds(self._get("lease"), f"{self.label} lease")
-        if not value <= MAX_LEASE:
-            raise ConfigurationError(
-                f"{self.label} lease must be at most {MAX_LEASE:g} seconds (30 days), "
-                f"got {value!r}; heartbeats keep longer tasks alive"
-            )
-        return value
+        """Seconds a claim holds a row: finite, within :data:`~.bounds.LEASE` (at most
+        30 days; heartbeats keep longer tasks alive)."""
+        return float(
+            bounds.number(self._get("lease"), f"{self.label} lease", bounds.LEASE, seconds=True)
+        )
 
     @property
     def max_attempts(self) -> int:
-        value = self._get("max_attempts")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigurationError(
-                f"{self.label} max_attempts must be an int >= 1, got {value!r}"
+        """Claims before a task ends ``failed``: a whole number in :data:`~.bounds.MAX_ATTEMPTS`."""
+        return int(
+            bounds.number(
+                self._get("max_attempts"), f"{self.label} max_attempts", bounds.MAX_ATTEMPTS
             )
-        return value
+        )
 
     @property
     def strategy(self) -> str:
@@ -271,12 +253,11 @@ class ClaimOptions:
     @property
     def retry_jitter(self) -> float:
         """The ± fraction of random spread on retry delays, between 0 and 1."""
-        value = self._get("retry_jitter")
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-            raise ConfigurationError(
-                f"{self.label} retry_jitter must be a number from 0 to 1, got {value!r}"
+        return float(
+            bounds.number(
+                self._get("retry_jitter"), f"{self.label} retry_jitter", bounds.RETRY_JITTER
             )
-        return float(value)
+        )
 
     def backoff(self, attempts: int) -> float:
         """Seconds to wait before the next attempt after ``attempts`` claims.
@@ -284,15 +265,19 @@ class ClaimOptions:
         ``retry_backoff * 2 ** (attempts - 1)`` capped at ``retry_backoff_max``, with
         ``± retry_jitter`` random spread so that retries of a failed batch spread out.
         """
-        base = _seconds(self._get("retry_backoff"), f"{self.label} retry_backoff", allow_zero=True)
-        cap = _seconds(
-            self._get("retry_backoff_max"), f"{self.label} retry_backoff_max", allow_zero=True
+        base = bounds.number(
+            self._get("retry_backoff"),
+            f"{self.label} retry_backoff",
+            bounds.RETRY_BACKOFF,
+            seconds=True,
         )
-        jitter = self.retry_jitter
-        delay = min(cap, base * (2 ** max(0, attempts - 1)))
-        if jitter:
-            delay *= 1 + random.uniform(-jitter, jitter)
-        return max(0.0, delay)
+        cap = bounds.number(
+            self._get("retry_backoff_max"),
+            f"{self.label} retry_backoff_max",
+            bounds.RETRY_BACKOFF,
+            seconds=True,
+        )
+        return retry_delay(attempts, base=base, cap=cap, jitter=self.retry_jitter)
 
     def handler(self) -> Callable[[Any], Any] | None:
         """The callable that processes one claimed row, or ``None`` if the model has none.
@@ -316,6 +301,17 @@ class ClaimOptions:
                     f"{self.label} ClaimMeta.handler {h!r} cannot be imported: {exc}"
                 ) from exc
         return None
+
+
+def retry_delay(attempts: int, *, base: float, cap: float, jitter: float) -> float:
+    """The retry backoff rule, the one both the claim options and the tasks backend use:
+    ``base * 2 ** (attempts - 1)`` seconds capped at ``cap``, then spread by
+    ``± jitter`` (a fraction) so that the retries of a failed batch do not come back
+    together. Never negative; ``attempts`` below 1 counts as 1."""
+    delay = min(cap, base * 2.0 ** min(max(0, attempts - 1), 60))
+    if jitter:
+        delay *= 1 + random.uniform(-jitter, jitter)
+    return max(0.0, delay)
 
 
 def get_options(model: type[models.Model] | models.Model) -> ClaimOptions:

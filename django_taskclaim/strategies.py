@@ -8,7 +8,6 @@ plus ``status = ready`` and ``run_after <= now()``) and turns at most ``n`` of t
 
 from __future__ import annotations
 
-import math
 import random
 import zlib
 from datetime import timedelta
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, models, transaction
 from django.db.models import F, Q, sql
 
+from . import bounds
 from .db import DbNow
 from .exceptions import ConfigurationError, StrategyNotSupportedError
 
@@ -651,24 +651,7 @@ def resolve(name: str, using: str) -> Strategy:
     return strategy
 
 
-#: The longest lease a claim may take: 30 days. Longer tasks keep a shorter lease
-#: alive with heartbeats (the worker does); a lease is never a way to park a row.
-MAX_LEASE = 30 * 24 * 3600.0
-
-
 def validate_lease(lease: Any) -> float:
     """``lease`` in seconds as a float, or :class:`ConfigurationError` unless it is a
-    finite number in ``(0, MAX_LEASE]`` (a ``timedelta`` is accepted too)."""
-    if isinstance(lease, timedelta):
-        lease = lease.total_seconds()
-    if (
-        isinstance(lease, bool)
-        or not isinstance(lease, int | float)
-        or not math.isfinite(lease)
-        or not 0 < lease <= MAX_LEASE
-    ):
-        raise ConfigurationError(
-            f"lease must be a number of seconds above 0 and at most {MAX_LEASE:g} "
-            f"(30 days), got {lease!r}"
-        )
-    return float(lease)
+    finite number within :data:`~.bounds.LEASE` (a ``timedelta`` is accepted too)."""
+    return float(bounds.number(lease, "lease", bounds.LEASE, seconds=True))

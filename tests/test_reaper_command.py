@@ -79,7 +79,7 @@ def test_silent_workers_keep_their_rows_until_an_operator_releases_them():
         (["--interval", "inf"], "--interval must be"),
         (["--interval", "nan"], "--interval must be"),
         (["--batch", "0"], "--batch must be > 0"),
-        (["--batch", "x"], "--batch must be a number"),
+        (["--batch", "x"], "--batch must be a whole number"),
         (["nope.Model"], "nope.Model"),
     ],
 )

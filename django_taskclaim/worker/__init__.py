@@ -27,7 +27,7 @@ for the diagram and the life of a task through them):
 from __future__ import annotations
 
 from ..lifecycle import TaskAborted
-from .config import LIMITS, WorkerConfig
+from .config import WorkerConfig
 from .exits import (
     EXIT_BROKEN,
     EXIT_CODES,
@@ -48,7 +48,6 @@ __all__ = [
     "EXIT_GRACE_EXPIRED",
     "EXIT_OK",
     "EXIT_USAGE",
-    "LIMITS",
     "TaskAborted",
     "Worker",
     "WorkerConfig",

@@ -7,7 +7,6 @@ with one line naming the fix. It touches no table.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,42 +15,15 @@ from django.conf import settings
 from django.db import connections
 from django.db.models import Model
 
+from .. import bounds
 from ..conf import taskclaim_settings
 from ..exceptions import ConfigurationError
 from ..options import claimable_models, get_options, resolve_model
 
-#: Bounds of the worker's numeric options (all finite).
-LIMITS: dict[str, tuple[float, float]] = {
-    "--concurrency": (1, 256),
-    "--processes": (1, 256),
-    "--batch": (1, 10_000),
-    "--lease": (1.0, 30 * 24 * 3600.0),
-    "--poll": (0.01, 3600.0),
-    "--ack-window": (0.0, 60.0),
-    "--grace": (0.0, 24 * 3600.0),
-    "--max-tasks": (1, 10**12),
-    "--max-runtime": (0.01, 366 * 24 * 3600.0),
-}
 
-
-def _positive(value: Any, name: str, kind: type = int, *, allow_zero: bool = False) -> Any:
-    """``value`` as ``kind``, finite, above 0 (or >= 0) and within :data:`LIMITS`."""
-    if value is None:
-        return None
-    try:
-        number = kind(value)
-    except (TypeError, ValueError, OverflowError):
-        what = "a whole number" if kind is int else "a number"
-        raise ConfigurationError(f"{name} must be {what}, got {value!r}") from None
-    if not math.isfinite(number):
-        raise ConfigurationError(f"{name} must be a finite number, got {value!r}")
-    if number < 0 or (number == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigurationError(f"{name} must be {bound}, got {value!r}")
-    low, high = LIMITS.get(name, (0, math.inf))
-    if not low <= number <= high:
-        raise ConfigurationError(f"{name} must be from {low:g} to {high:g}, got {value!r}")
-    return number
+def _option(value: Any, name: str) -> Any:
+    """A worker option (``None`` = not given) checked against :data:`~..bounds.WORKER`."""
+    return None if value is None else bounds.number(value, name, bounds.WORKER[name], parse=True)
 
 
 @dataclass
@@ -132,22 +104,18 @@ class WorkerConfig:
                 "--until-empty goes with --burst (a worker without --burst never stops "
                 "when the queue is empty)"
             )
-        concurrency = _positive(concurrency, "--concurrency")
-        processes = _positive(processes, "--processes")
-        batch = _positive(batch, "--batch")
-        lease = _positive(lease, "--lease", float)
-        poll = _positive(
-            poll if poll is not None else taskclaim_settings.POLL_INTERVAL, "--poll", float
-        )
-        ack_window = _positive(
+        concurrency = _option(concurrency, "--concurrency")
+        processes = _option(processes, "--processes")
+        batch = _option(batch, "--batch")
+        lease = _option(lease, "--lease")
+        poll = _option(poll if poll is not None else taskclaim_settings.POLL_INTERVAL, "--poll")
+        ack_window = _option(
             ack_window if ack_window is not None else taskclaim_settings.ACK_WINDOW,
             "--ack-window",
-            float,
-            allow_zero=True,
         )
-        grace = _positive(grace, "--grace", float, allow_zero=True)
-        max_tasks = _positive(max_tasks, "--max-tasks")
-        max_runtime = _positive(max_runtime, "--max-runtime", float)
+        grace = _option(grace, "--grace")
+        max_tasks = _option(max_tasks, "--max-tasks")
+        max_runtime = _option(max_runtime, "--max-runtime")
         beat = heartbeat_setting()
         if worker_id is not None and (not worker_id.strip() or len(worker_id) > 200):
             raise ConfigurationError("--worker-id must be 1 to 200 characters")
@@ -239,13 +207,8 @@ def heartbeat_setting() -> float | None:
     value = taskclaim_settings.HEARTBEAT_INTERVAL
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ConfigurationError(
-            f"TASKCLAIM_HEARTBEAT_INTERVAL must be a number of seconds or None, got {value!r}"
-        )
-    if value <= 0:
-        raise ConfigurationError(f"TASKCLAIM_HEARTBEAT_INTERVAL must be > 0, got {value!r}")
-    return float(value)
+    name = "TASKCLAIM_HEARTBEAT_INTERVAL"
+    return float(bounds.number(value, name, bounds.SETTINGS["HEARTBEAT_INTERVAL"]))
 
 
 def has_field(model: type[Model], name: str) -> bool:

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
+from django_taskclaim import bounds
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.management.verbosity import configure_logging
 from django_taskclaim.options import claimable_models, resolve_model
@@ -48,8 +49,8 @@ class Command(BaseCommand):
                 f"--database {using!r} is not in settings.DATABASES; "
                 f"choose one of {', '.join(settings.DATABASES)}"
             )
-        interval = _number(options["interval"], "--interval", float)
-        batch = _number(options["batch"], "--batch", int)
+        interval = _number(options["interval"], "--interval")
+        batch = _number(options["batch"], "--batch")
         if any(not w.strip() for w in options["release_worker"]):
             raise CommandError("--release-worker needs a worker id (see taskclaim_stats)")
         if options["once"] and interval is not None:
@@ -109,13 +110,8 @@ class Command(BaseCommand):
                 signal.signal(sig, handler)
 
 
-def _number(value: Any, name: str, kind: type) -> Any:
+def _number(value: Any, name: str) -> Any:
+    """An option (``None`` = not given) within :data:`django_taskclaim.bounds.REAP`."""
     if value is None:
         return None
-    try:
-        number = kind(value)
-    except ValueError:
-        raise CommandError(f"{name} must be a number > 0, got {value!r}") from None
-    if not 0 < number <= 10**9:  # also refuses nan and inf
-        raise CommandError(f"{name} must be > 0 and at most 1e9, got {value!r}")
-    return number
+    return bounds.number(value, name, bounds.REAP[name], parse=True, error=CommandError)

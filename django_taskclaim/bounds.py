@@ -1,0 +1,143 @@
+"""Every numeric option's bounds, and the one validator they all go through.
+
+A number that reaches a statement, a sleep or a thread pool is checked here first:
+finite, of the right kind, within its bounds. Settings (``TASKCLAIM_*``, system check
+``taskclaim.E005``), ``ClaimMeta`` options, the worker's and the commands' options and
+the lock arguments share these tables, so one option has one range wherever it is
+given, and an absurd value is a one-line error instead of a ``DataError``, an
+``OverflowError`` or a busy loop.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from .exceptions import ConfigurationError
+
+DAY = 24 * 3600.0
+#: The longest lease a claim or a lock may take (30 days). Longer tasks are kept alive
+#: by heartbeats; a lease is never a way to park a row.
+MAX_LEASE = 30 * DAY
+
+
+@dataclass(frozen=True)
+class Bound:
+    """An inclusive range ``low ≤ value ≤ high``; ``whole`` numbers only if set."""
+
+    low: float
+    high: float
+    whole: bool = False
+
+    def text(self) -> str:
+        return f"from {self.low:g} to {self.high:g}"
+
+
+#: ``TASKCLAIM_*`` settings (without the prefix).
+SETTINGS: dict[str, Bound] = {
+    "LEASE": Bound(0.001, MAX_LEASE),
+    "MAX_ATTEMPTS": Bound(1, 1_000_000, whole=True),
+    "RETRY_BACKOFF": Bound(0.0, 365 * DAY),
+    "RETRY_BACKOFF_MAX": Bound(0.0, 365 * DAY),
+    "RETRY_JITTER": Bound(0.0, 1.0),
+    "CAS_CANDIDATES": Bound(1, 10_000, whole=True),
+    "DB_RETRIES": Bound(0, 1000, whole=True),
+    "REAP_BATCH": Bound(1, 100_000, whole=True),
+    "REAP_INTERVAL": Bound(0.1, DAY),
+    "POLL_INTERVAL": Bound(0.01, 3600.0),
+    "ACK_WINDOW": Bound(0.0, 60.0),
+    "HEARTBEAT_INTERVAL": Bound(0.01, 15 * DAY),
+    "WORKER_SILENT_AFTER": Bound(1.0, MAX_LEASE),
+}
+
+#: ``ClaimMeta`` options and the arguments of ``claim()`` / ``extend_lease()``: the same
+#: ranges as the settings they fall back to.
+LEASE = SETTINGS["LEASE"]
+MAX_ATTEMPTS = SETTINGS["MAX_ATTEMPTS"]
+RETRY_BACKOFF = SETTINGS["RETRY_BACKOFF"]
+RETRY_JITTER = SETTINGS["RETRY_JITTER"]
+
+#: ``manage.py worker`` options (and :meth:`~django_taskclaim.worker.WorkerConfig.build`).
+WORKER: dict[str, Bound] = {
+    "--concurrency": Bound(1, 256, whole=True),
+    "--processes": Bound(1, 256, whole=True),
+    "--batch": Bound(1, 10_000, whole=True),
+    "--lease": Bound(1.0, MAX_LEASE),
+    "--poll": Bound(0.01, 3600.0),
+    "--ack-window": Bound(0.0, 60.0),
+    "--grace": Bound(0.0, DAY),
+    "--max-tasks": Bound(1, 10**12, whole=True),
+    "--max-runtime": Bound(0.01, 366 * DAY),
+}
+
+#: ``manage.py taskclaim_reap`` options.
+REAP: dict[str, Bound] = {
+    "--interval": Bound(0.1, DAY),
+    "--batch": Bound(1, 100_000, whole=True),
+}
+
+#: ``LeaseLock(ttl=…)``: from 50 ms (shorter cannot be renewed in time) to 30 days.
+LOCK_TTL = Bound(0.05, MAX_LEASE)
+
+
+def number(
+    value: Any,
+    name: str,
+    bound: Bound,
+    *,
+    parse: bool = False,
+    seconds: bool = False,
+    error: type[Exception] = ConfigurationError,
+) -> Any:
+    """``value`` as an ``int`` (``bound.whole``) or a ``float`` within ``bound``, or
+    ``error`` with one line naming ``name``, what it must be and what it got.
+
+    ``parse`` accepts text (command-line options); ``seconds`` accepts a ``timedelta``.
+    ``bool`` is never a number; NaN and infinities never pass. The messages say
+    ``must be a whole number`` / ``a finite number`` / ``> 0`` / ``>= 0`` /
+    ``from LOW to HIGH``, whichever applies first.
+    """
+    if seconds and isinstance(value, timedelta):
+        value = value.total_seconds()
+    kind: type = int if bound.whole else float
+    what = "a whole number" if bound.whole else "a number"
+    if seconds and not bound.whole:
+        what += " of seconds"
+    if isinstance(value, bool):
+        raise error(f"{name} must be {what}, got {value!r}")
+    if isinstance(value, str):
+        if not parse:
+            raise error(f"{name} must be {what}, got {value!r}")
+        try:
+            number_ = kind(value)
+        except (TypeError, ValueError, OverflowError):
+            raise error(f"{name} must be {what}, got {value!r}") from None
+    elif bound.whole:
+        if not isinstance(value, int):
+            raise error(f"{name} must be {what}, got {value!r}")
+        number_ = value
+    else:
+        if not isinstance(value, int | float):
+            raise error(f"{name} must be {what}, got {value!r}")
+        number_ = float(value)
+    if not math.isfinite(number_):
+        raise error(f"{name} must be a finite number, got {value!r}")
+    if number_ < 0 or (number_ == 0 and bound.low > 0):
+        raise error(f"{name} must be {'> 0' if bound.low > 0 else '>= 0'}, got {value!r}")
+    if not bound.low <= number_ <= bound.high:
+        raise error(f"{name} must be {bound.text()}, got {value!r}")
+    return number_
+
+
+def setting_problem(name: str, value: Any) -> str | None:
+    """Why the value of ``TASKCLAIM_<name>`` is out of :data:`SETTINGS`' bounds, or
+    ``None`` if it is fine (``HEARTBEAT_INTERVAL`` may also be ``None``)."""
+    if value is None and name == "HEARTBEAT_INTERVAL":
+        return None
+    try:
+        number(value, name, SETTINGS[name])
+    except ConfigurationError as exc:
+        return str(exc)
+    return None
