@@ -29,6 +29,7 @@ from . import bounds
 from .conf import taskclaim_settings
 from .exceptions import ConfigurationError, NotClaimableError
 from .status import STATE_NAMES, Status
+from .strategies import STRATEGY_NAMES
 
 REQUIRED_FIELDS = ("version", "locked_until", "attempts")
 #: Fields only the library's fenced operations write; a plain ``save()`` of an existing
@@ -44,7 +45,6 @@ OPTIONAL_FIELDS = (
     "finished_at",
     "last_error",
 )
-STRATEGIES = ("auto", "skip_locked", "cas", "advisory", "serializable", "hold")
 
 # Options a ClaimMeta may set; the ones with a settings fallback map to its name.
 _LIVE = {
@@ -240,9 +240,10 @@ class ClaimOptions:
     @property
     def strategy(self) -> str:
         value = self._get("strategy")
-        if value not in STRATEGIES:
+        if value not in STRATEGY_NAMES:
             raise ConfigurationError(
-                f"{self.label} strategy {value!r} is unknown; choose one of {', '.join(STRATEGIES)}"
+                f"{self.label} strategy {value!r} is unknown; "
+                f"choose one of {', '.join(STRATEGY_NAMES)}"
             )
         return str(value)
 

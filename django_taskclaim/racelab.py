@@ -177,9 +177,9 @@ class Strategy(Technique):
         return None
 
     def take(self, ctx: Context, record: Record) -> int:
-        if self.name == "hold":
+        if STRATEGIES[self.name].needs_caller_atomic:
             with transaction.atomic(using=ctx.using):
-                rows = ctx.tasks().claim(ctx.batch, strategy="hold", worker=ctx.worker)
+                rows = ctx.tasks().claim(ctx.batch, strategy=self.name, worker=ctx.worker)
                 record([r.pk for r in rows])
                 ctx.do_work()
                 self._complete(ctx, rows)

@@ -629,6 +629,9 @@ class Hold(Strategy):
 STRATEGIES: dict[str, Strategy] = {
     s.name: s for s in (SkipLocked(), CompareAndSet(), Advisory(), Serializable(), Hold())
 }
+#: Every name ``ClaimMeta.strategy`` / ``TASKCLAIM_STRATEGY`` / ``claim(strategy=…)``
+#: accepts: ``auto`` (picked per vendor by :func:`resolve`) and each strategy's own.
+STRATEGY_NAMES: tuple[str, ...] = ("auto", *STRATEGIES)
 
 
 def resolve(name: str, using: str) -> Strategy:
@@ -640,7 +643,7 @@ def resolve(name: str, using: str) -> Strategy:
     strategy = STRATEGIES.get(name)
     if strategy is None:
         raise StrategyNotSupportedError(
-            f"unknown claim strategy {name!r}; choose one of auto, {', '.join(STRATEGIES)}"
+            f"unknown claim strategy {name!r}; choose one of {', '.join(STRATEGY_NAMES)}"
         )
     if not strategy.supported(using):
         conn = connections[using]

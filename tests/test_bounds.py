@@ -22,7 +22,9 @@ ALL = [
 
 @pytest.mark.parametrize(("where", "bound"), ALL, ids=[w for w, _ in ALL])
 def test_every_bound_is_finite_and_refuses_what_lies_outside(where, bound):
-    assert math.isfinite(bound.low) and math.isfinite(bound.high) and bound.low <= bound.high
+    assert math.isfinite(bound.low)
+    assert math.isfinite(bound.high)
+    assert bound.low <= bound.high
     assert bounds.number(bound.low, "x", bound) == bound.low
     assert bounds.number(bound.high, "x", bound) == bound.high
     bad = [True, None, "1", [1], math.nan, math.inf, -math.inf, bound.high * 2 + 1]
@@ -62,7 +64,7 @@ def test_seconds_accept_a_timedelta_and_the_error_class_is_the_callers():
         bounds.number(timedelta(minutes=2), "lease", bounds.LEASE)
     with pytest.raises(ConfigurationError, match="lease must be a number of seconds, got 'x'"):
         bounds.number("x", "lease", bounds.LEASE, seconds=True)
-    with pytest.raises(CommandError, match="--interval must be from 0.1 to 86400"):
+    with pytest.raises(CommandError, match=r"--interval must be from 0\.1 to 86400"):
         bounds.number(
             "1e12", "--interval", bounds.REAP["--interval"], parse=True, error=CommandError
         )
@@ -85,5 +87,6 @@ def test_the_worker_and_the_settings_agree_where_they_share_an_option():
     # The defaults a worker falls back to must pass the worker's own bounds.
     for option, setting in [("--poll", "POLL_INTERVAL"), ("--ack-window", "ACK_WINDOW")]:
         w, s = bounds.WORKER[option], bounds.SETTINGS[setting]
-        assert w.low <= s.low and s.high <= w.high, option
+        assert w.low <= s.low, option
+        assert s.high <= w.high, option
     assert bounds.WORKER["--lease"].high == bounds.LEASE.high == bounds.LOCK_TTL.high

@@ -22,13 +22,12 @@ from django.utils import timezone
 from django_taskclaim import ClaimLost, reap
 from django_taskclaim.db import DbNow
 from django_taskclaim.lifecycle import run_task
-from django_taskclaim.strategies import STRATEGIES
+from django_taskclaim.strategies import STRATEGIES, STRATEGY_NAMES
 from tests.testapp.models import CharKeyTask, ColumnTask, Ledger, NullableOrderTask, UUIDTask
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 MODELS = [UUIDTask, CharKeyTask, ColumnTask]
-STRATEGY_NAMES = ["auto", *STRATEGIES]
 
 #: Primary keys that break SQL built by string formatting, or by anything but the ORM's
 #: own parameter binding. At most one character outside the BMP: MariaDB's

@@ -19,6 +19,7 @@ from .. import bounds
 from ..conf import taskclaim_settings
 from ..exceptions import ConfigurationError
 from ..options import claimable_models, get_options, resolve_model
+from ..strategies import STRATEGIES
 
 
 def _option(value: Any, name: str) -> Any:
@@ -166,9 +167,9 @@ class WorkerConfig:
             handlers[model] = handler
             opts = get_options(model)
             name = opts.strategy
-            if name == "hold":
+            if name in STRATEGIES and STRATEGIES[name].needs_caller_atomic:
                 raise ConfigurationError(
-                    f"{model._meta.label} uses strategy 'hold', which keeps a transaction "
+                    f"{model._meta.label} uses strategy {name!r}, which keeps a transaction "
                     "open around the task body; the worker runs tasks outside transactions: "
                     "set ClaimMeta.strategy to 'auto'"
                 )
