@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from enum import StrEnum
 from typing import Any, cast
 
 from asgiref.sync import async_to_sync
@@ -27,6 +28,34 @@ from .exceptions import ClaimLost, ConfigurationError, Fail, Retry
 from .options import CLAIM_STATE_FIELDS, ClaimOptions, get_options
 
 logger = logging.getLogger("django_taskclaim.lifecycle")
+
+
+class Outcome(StrEnum):
+    """What became of one attempt (:func:`settle`, :func:`run_task`, the worker's log).
+
+    A ``str`` enum: ``outcome == "done"`` still holds, and it logs as its value.
+    """
+
+    #: completed: the row is ``done`` (its result fields written with it)
+    DONE = "done"
+    #: to be retried: the row is ``ready`` again, after its backoff or ``Retry`` delay
+    READY = "ready"
+    #: failed for good: ``Fail``, or ``max_attempts`` claims were made
+    FAILED = "failed"
+    #: the body cancelled the row itself
+    CANCELLED = "cancelled"
+    #: the body left the row ``processing`` under another token, or the claim was taken
+    #: back: nothing was written over the new holder
+    LOST = "lost"
+    #: a completion handed to the caller's ``defer`` (written later, in a batch)
+    DEFERRED = "deferred"
+    #: the worker could not record the outcome (the lease will bring the row back)
+    ERROR = "error"
+    #: the worker stopped while the outcome write was failing (as ``ERROR``)
+    ABANDONED = "abandoned"
+    #: the body left the row in a status no logical state maps to
+    UNKNOWN = "unknown"
+
 
 MAX_ERROR_CHARS = 10_000
 
@@ -340,7 +369,7 @@ def retry(
     delay: float | timedelta | None = None,
     error: BaseException | str = "",
     **fields: Any,
-) -> str:
+) -> Outcome:
     """``processing`` → ``ready`` after ``delay`` (or ``failed`` once attempts run out)."""
     opts = get_options(task)
     _check_fields(opts, task, fields)
@@ -363,13 +392,13 @@ def retry(
             )
         _fenced_update(task, "failed", updates)
         signals.task_failed.send(sender=type(task), task=task, error=error, final=True)
-        return "failed"
+        return Outcome.FAILED
     wait = opts.backoff(task.attempts) if delay is None else float(delay)
     if opts.has("run_after"):
         updates["run_after"] = DbNow() + timedelta(seconds=wait) if wait > 0 else None
     _fenced_update(task, "ready", updates)
     signals.task_failed.send(sender=type(task), task=task, error=error, final=False)
-    return "ready"
+    return Outcome.READY
 
 
 def release(task: Any) -> None:
@@ -490,7 +519,7 @@ def attempt(
         return Attempt(error=aborted)
 
 
-def settle(task: Any, done: Attempt, *, defer: Callable[[Any], None] | None = None) -> str:
+def settle(task: Any, done: Attempt, *, defer: Callable[[Any], None] | None = None) -> Outcome:
     """Record the outcome of one attempt; return it. The one place outcome rules live.
 
     A result completes the row (a returned mapping is saved as result fields in the
@@ -509,11 +538,11 @@ def settle(task: Any, done: Attempt, *, defer: Callable[[Any], None] | None = No
     opts = get_options(task)
     error = done.error
     if isinstance(error, ClaimLost):
-        return "lost"
+        return Outcome.LOST
     if error is None:
         state = opts.state_of(getattr(task, opts.status_field))
         if state != "processing":
-            return state or "unknown"  # the body (or an atomic completion) finished it
+            return Outcome(state) if state else Outcome.UNKNOWN  # the body finished it
         result = done.result
         fields = dict(result) if isinstance(result, Mapping) else {}
         batchable = isinstance(result, BatchableResult) and not any(
@@ -528,18 +557,18 @@ def settle(task: Any, done: Attempt, *, defer: Callable[[Any], None] | None = No
                 if batchable:
                     task.__dict__[PENDING_ATTR] = (fields, result.on_written)
                 defer(task)
-                return "deferred"
+                return Outcome.DEFERRED
             try:
                 task.complete(**fields)
             except ClaimLost:
-                return "lost"
+                return Outcome.LOST
             if isinstance(result, BatchableResult) and result.on_written is not None:
                 result.on_written()
-            return "done"
+            return Outcome.DONE
     try:
         if isinstance(error, Fail):
             fail(task, error.reason)
-            return "failed"
+            return Outcome.FAILED
         if isinstance(error, Retry):
             return retry(task, delay=error.delay, error=error.reason or "retry requested")
         logger.info(
@@ -551,7 +580,7 @@ def settle(task: Any, done: Attempt, *, defer: Callable[[Any], None] | None = No
         )
         return retry(task, error=error)
     except ClaimLost:
-        return "lost"
+        return Outcome.LOST
 
 
 def run_task(
@@ -559,7 +588,7 @@ def run_task(
     handler: Callable[[Any], Any] | None = None,
     *,
     defer: Callable[[Any], None] | None = None,
-) -> str:
+) -> Outcome:
     """Run one attempt of a claimed task and record its outcome; return the outcome.
 
     The handler (default: the model's ``ClaimMeta.handler``) gets the row; the outcome

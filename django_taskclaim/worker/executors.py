@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from ..lifecycle import Attempt, attempt, settle
+from ..lifecycle import Attempt, Outcome, attempt, settle
 from ..strategies import was_recovered
 from .acks import Acks
 from .config import WorkerConfig
@@ -121,7 +121,7 @@ class Executors:
                 self.ledger.settled(me)
             self.acks.flush(due_only=True)
 
-    def run_one(self, task: Any) -> str:
+    def run_one(self, task: Any) -> Outcome:
         """Run one claimed row and record its outcome; return the outcome."""
         label = type(task)._meta.label
         if was_recovered(task):
@@ -157,8 +157,8 @@ class Executors:
                 one_line(exc),
                 exc_info=exc,
             )
-            outcome = "error"
-        if outcome == "lost" or self.ledger.is_lost(task):
+            outcome = Outcome.ERROR
+        if outcome is Outcome.LOST or self.ledger.is_lost(task):
             logger.warning(
                 "claim lost task=%s:%s attempt=%s worker=%s: its writes did not land",
                 label,
@@ -166,8 +166,8 @@ class Executors:
                 task.attempts,
                 self.worker_id,
             )
-        if outcome != "deferred":  # a deferred one is logged when its completion is written
-            log = logger.debug if outcome == "done" else logger.info
+        if outcome is not Outcome.DEFERRED:  # logged once its completion is written
+            log = logger.debug if outcome is Outcome.DONE else logger.info
             log(
                 "task %s task=%s:%s attempt=%s worker=%s duration=%.3fs",
                 outcome,
@@ -179,7 +179,7 @@ class Executors:
             )
         return outcome
 
-    def _settle_again(self, task: Any, done: Attempt, exc: BaseException) -> str:
+    def _settle_again(self, task: Any, done: Attempt, exc: BaseException) -> Outcome:
         """The outcome write hit a database error: once the connection is back, make
         the same fenced write again (``done`` is known; a write that had landed is then
         seen as ``lost`` and nothing more is written)."""
@@ -194,7 +194,7 @@ class Executors:
                     self.worker_id,
                     one_line(exc),
                 )
-                return "error"
+                return Outcome.ERROR
             failures += 1
             close(self.config.using)
             log = logger.warning if failures == 1 else logger.debug
@@ -206,7 +206,7 @@ class Executors:
                 one_line(exc),
             )
             if self.halt.wait(backoff(failures)):
-                return "abandoned"
+                return Outcome.ABANDONED
             try:
                 return settle(task, done)
             except DatabaseError as again:
