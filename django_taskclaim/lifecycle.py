@@ -26,6 +26,7 @@ from . import signals
 from .db import DbNow, retry_transient
 from .exceptions import ClaimLost, ConfigurationError, Fail, Retry
 from .options import CLAIM_STATE_FIELDS, ClaimOptions, get_options
+from .strategies import pg_complete_many, validate_lease
 
 logger = logging.getLogger("django_taskclaim.lifecycle")
 
@@ -261,7 +262,6 @@ def _complete_chunk(model: type[models.Model], using: str, tasks: list[Any]) -> 
         connections[using].vendor == "postgresql"
         and len({tuple(sorted(f)) for f in results.values()}) == 1  # the usual: one handler
     ):
-        from .strategies import pg_complete_many
 
         def write() -> int:
             return pg_complete_many(model, using, opts, tokens, results)
@@ -408,8 +408,6 @@ def release(task: Any) -> None:
 
 def extend_lease(task: Any, seconds: float | timedelta | None = None) -> None:
     """Move the lease end to ``now() + seconds`` (database clock). Token unchanged."""
-    from .strategies import validate_lease
-
     opts = get_options(task)
     lease = validate_lease(opts.lease if seconds is None else seconds)
     _fenced_update(task, "", {"locked_until": DbNow() + timedelta(seconds=lease)}, bump=False)

@@ -17,8 +17,9 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from . import lifecycle
 from .db import DbNow
-from .options import CLAIM_STATE_FIELDS
+from .options import CLAIM_STATE_FIELDS, get_options
 from .querysets import ClaimQuerySet
 from .status import Status
 
@@ -109,8 +110,6 @@ class ClaimableMixin(models.Model):
         holds it cannot un-claim or re-open it. Naming any of those fields in
         ``update_fields`` writes them and bumps the claim token (fencing any holder).
         """
-        from .options import get_options
-
         opts = get_options(self)
         if opts.has("run_after"):
             when = getattr(self, "run_after", None)
@@ -140,14 +139,10 @@ class ClaimableMixin(models.Model):
     # -- fenced lifecycle -------------------------------------------------------
     def complete(self, **fields: Any) -> None:
         """Mark the claimed task ``done``, saving ``fields`` in the same fenced UPDATE."""
-        from . import lifecycle
-
         lifecycle.complete(self, **fields)
 
     def fail(self, error: BaseException | str = "", **fields: Any) -> None:
         """Mark the claimed task ``failed`` for good (the dead-letter state)."""
-        from . import lifecycle
-
         lifecycle.fail(self, error, **fields)
 
     def retry(
@@ -158,20 +153,14 @@ class ClaimableMixin(models.Model):
         Ends ``failed`` instead when ``max_attempts`` is exhausted. Returns the new
         logical state (``"ready"`` or ``"failed"``).
         """
-        from . import lifecycle
-
         return lifecycle.retry(self, delay=delay, error=error, **fields)
 
     def release(self) -> None:
         """Give the task back untouched: ``ready`` now, and this attempt is not counted."""
-        from . import lifecycle
-
         lifecycle.release(self)
 
     def extend_lease(self, seconds: float | timedelta | None = None) -> None:
         """Push the lease to ``now() + seconds`` (database clock; default: the model's lease)."""
-        from . import lifecycle
-
         lifecycle.extend_lease(self, seconds)
 
     @contextmanager
@@ -190,16 +179,12 @@ class ClaimableMixin(models.Model):
         between runs the task again and repeats them (at least once). If the block
         raises, nothing it wrote commits and the task object is as it was on entry.
         """
-        from . import lifecycle
-
         with lifecycle.fenced(self, using=using, complete=complete):
             yield
 
     @property
     def claim_state(self) -> str | None:
         """The logical state of the row (``"ready"``, ``"processing"``, …)."""
-        from .options import get_options
-
         opts = get_options(self)
         return opts.state_of(getattr(self, opts.status_field))
 

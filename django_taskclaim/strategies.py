@@ -18,6 +18,7 @@ from django.db import connections, models, transaction
 from django.db.models import F, Q, sql
 
 from . import bounds
+from .conf import taskclaim_settings
 from .db import DbNow
 from .exceptions import ConfigurationError, StrategyNotSupportedError
 
@@ -483,7 +484,6 @@ class CompareAndSet(Strategy):
     def _claim_candidates(
         self, qs: models.QuerySet, n: int, *, opts: ClaimOptions, lease: float, worker: str
     ) -> list[models.Model]:
-        from .conf import taskclaim_settings
 
         base = qs.model._base_manager.using(qs.db)
         k = max(n, int(taskclaim_settings.CAS_CANDIDATES))

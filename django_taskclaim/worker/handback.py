@@ -13,6 +13,7 @@ from django.db import DatabaseError
 from django.db.models import Model
 
 from ..exceptions import ClaimLost
+from ..notify import notify
 from .dbconn import close, one_line
 from .ledger import Ledger
 
@@ -73,7 +74,6 @@ class Handback:
         self.notify_ready({type(t) for t in running})
 
     def notify_ready(self, touched: Iterable[type[Model]]) -> None:
-        from ..notify import notify
 
         for model in touched:
             try:

@@ -26,6 +26,7 @@ from django.db import connections
 from django.db.models import Model
 
 from ..db import default_worker_id
+from ..notify import Listener
 from ..strategies import was_recovered
 from .acks import Acks
 from .claimer import Claimer
@@ -242,8 +243,6 @@ class Worker:
 
     def _start_helpers(self) -> None:
         if self.scope.use_listen():
-            from ..notify import Listener
-
             self._listener = Listener(self.using, self.scope.labels.values(), self._on_notify)
             self._listener.start()
         self._helpers.append(

@@ -10,6 +10,7 @@ from django.db import connections
 from django.db.models import Min, Model
 
 from ..conf import taskclaim_settings
+from ..monitoring import db_now
 from ..options import get_options
 from ..querysets import ClaimQuerySet
 from ..strategies import resolve
@@ -34,7 +35,6 @@ class Scope:
     def leftover(self) -> str:
         """One line for the end of a ``--burst`` run: what is left, by state, and when the
         next scheduled row comes due (database clock)."""
-        from ..monitoring import db_now
 
         parts = []
         now = db_now(self.using)

@@ -30,8 +30,11 @@ from typing import Any
 
 from django.db import connections
 
+from ..db import default_worker_id
+from ..reaper import release_worker
 from .config import WorkerConfig
 from .exits import EXIT_FORCED, EXIT_OK
+from .process import Worker
 
 logger = logging.getLogger("django_taskclaim.supervisor")
 
@@ -185,9 +188,6 @@ def supervise(config: WorkerConfig, processes: int, announce: Callable[[str], No
     Each child the supervisor sees exit (``waitpid``: proof of death) has the rows it
     still held released at once (:func:`~django_taskclaim.reaper.release_worker`,
     fenced on holder, status and token) before a replacement starts."""
-    from ..db import default_worker_id
-    from ..reaper import release_worker
-    from .process import Worker
 
     def child_id(index: int) -> str | None:
         return f"{config.worker_id}-{index}" if config.worker_id else None
