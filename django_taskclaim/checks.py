@@ -30,8 +30,12 @@ from .exceptions import TaskClaimError
 from .options import claimable_models, get_options
 from .strategies import resolve
 
+#: The tag of every django-taskclaim check: ``manage.py check --tag taskclaim`` runs them
+#: alone, and the worker runs them (and only them) when it starts.
+TAG = "taskclaim"
 
-@checks.register()
+
+@checks.register(TAG)
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
     for name, suggestion in taskclaim_settings.unknown_names():
@@ -114,7 +118,7 @@ def _claim_index_present(model: Any, status_field: str) -> bool:
     return False
 
 
-@checks.register(checks.Tags.models)
+@checks.register(checks.Tags.models, TAG)
 def check_models(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
     for model in claimable_models():

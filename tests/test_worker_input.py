@@ -116,3 +116,28 @@ def test_model_without_processing_entry_point_is_a_startup_error(docs):
     finally:
         w.close()
     assert snapshot() == docs
+
+
+def test_the_worker_runs_its_own_checks_and_only_those(docs):
+    """A taskclaim check error stops the worker before it touches a row; an error of some
+    other app's check (the project's whole suite is ``manage.py check``'s job) does not."""
+    from django.core import checks
+    from django.core.management.base import SystemCheckError
+    from django.test import override_settings
+
+    with (
+        override_settings(TASKCLAIM_LEASE="forever"),
+        pytest.raises(SystemCheckError, match=r"taskclaim\.E005"),
+    ):
+        call_command("taskclaim_worker", "testapp.Document", "--burst")
+    assert snapshot() == docs
+
+    def elsewhere(app_configs=None, **kwargs):
+        return [checks.Error("an unrelated app is misconfigured", id="other.E001")]
+
+    checks.register(elsewhere)
+    try:
+        call_command("taskclaim_worker", "testapp.Document", "--burst")
+    finally:
+        checks.registry.registry.registered_checks.discard(elsewhere)
+    assert not Document.objects.exclude(status="done").exists()
