@@ -21,6 +21,11 @@ Sections:
 * claimers — PostgreSQL CPU per job against the number of concurrent claimers of our
   worker (one claimer thread per process: P processes × T executor threads make P
   claimers), at one batch size.
+* statement — the claim statement alone: pgbench replays our exact claim (captured from
+  ``claim(batch)``) and one fenced completion per batch with C clients, so C concurrent
+  claim statements run with no Python process beside the server; PostgreSQL CPU per job
+  against C tells lock contention in the statement apart from CPU oversubscription by
+  worker processes (which the claimers sweep cannot on a small machine).
 * latency — enqueue→start on an idle worker (one process, one thread; PgQueuer: one
   process, batch 1), with LISTEN/NOTIFY on both sides, and the idle worker's RSS.
 
@@ -85,7 +90,7 @@ VAR = ROOT / "var"
 LATEST = VAR / "bench-peers.json"
 STRATEGY = "skip_locked"
 PGQ_PIN = "1.6"
-SECTIONS = ("throughput", "claimers", "latency")
+SECTIONS = ("throughput", "claimers", "statement", "latency")
 NS_PER_TICK = 1_000_000_000 // TICKS
 
 
@@ -567,6 +572,41 @@ def bench_claimers(args: argparse.Namespace, alias: str) -> dict[str, Any]:
     return {"tasks": args.tasks, "batch": batch, "rows": rows}
 
 
+# -- section: the claim statement alone ------------------------------------------------------
+
+
+def bench_statement(args: argparse.Namespace, alias: str) -> dict[str, Any]:
+    pgbench = bench.pgbench_binary()
+    if pgbench is None:
+        log("  statement sweep skipped: pgbench not found")
+        return {"skipped": "pgbench not found"}
+    batch = args.sweep_batch
+    rows = []
+    for clients in args.statement_clients:
+        runs = []
+        for _ in range(args.repeat):
+            cpu = PgCpu(connections[alias].settings_dict["NAME"])
+            runs.append(
+                bench.pgbench_ceiling(
+                    alias, pgbench, clients=clients, batch=batch, rows=args.tasks, cpu=cpu
+                )
+            )
+        per_job = [per_job_ms(r["cpu"]["bench_db_s"], r["done"]) for r in runs]
+        row = {
+            "clients": clients,
+            "batch": batch,
+            "jobs_s": med([r["jobs_s"] for r in runs]),
+            "pg_bench_db_cpu_ms_per_job": med(per_job),
+            "runs": [round(x, 4) for x in per_job],
+        }
+        rows.append(row)
+        log(
+            f"  pgbench claim+complete clients={clients} batch={batch}: {row['jobs_s']:,.0f}/s, "
+            f"PostgreSQL {row['pg_bench_db_cpu_ms_per_job']:.4f} ms/job (runs {row['runs']})"
+        )
+    return {"tasks": args.tasks, "batch": batch, "rows": rows}
+
+
 # -- section: latency ----------------------------------------------------------------------
 
 
@@ -834,6 +874,28 @@ def report(data: dict[str, Any]) -> str:
                 rows,
             )
         )
+    st = data.get("statement")
+    if st and st.get("rows"):
+        first = st["rows"][0]["pg_bench_db_cpu_ms_per_job"]
+        parts.append(
+            table(
+                f"The claim statement alone: pgbench replays our claim + one fenced completion "
+                f"per batch (batch {st['batch']}, {st['tasks']:,} jobs)",
+                ["concurrent claims", "jobs/s", "pg cpu ms/job (bench db)", "vs first", "runs"],
+                [
+                    [
+                        r["clients"],
+                        _f(r["jobs_s"]),
+                        _f(r["pg_bench_db_cpu_ms_per_job"], ".4f"),
+                        f"{r['pg_bench_db_cpu_ms_per_job'] / first:.2f}x" if first > 0 else "",
+                        ", ".join(f"{x:.4f}" for x in r["runs"]),
+                    ]
+                    for r in st["rows"]
+                ],
+            )
+        )
+    elif st:
+        parts.append(f"\nstatement sweep skipped: {st.get('skipped')}")
     server = [
         r["pg_cpu_ms_per_job"] for r in (tp or {}).get("rows", []) + (sw or {}).get("rows", [])
     ]
@@ -911,6 +973,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="claimers sweep: processes x threads (1x2 2x1 2x2 4x2 4x4 8x4)",
     )
     p.add_argument("--sweep-batch", type=int, default=100)
+    p.add_argument(
+        "--statement-clients",
+        nargs="+",
+        type=int,
+        default=[2, 8, 32],
+        help="statement sweep: concurrent pgbench clients replaying our claim (2 8 32)",
+    )
     p.add_argument("--latency-samples", type=int, default=None, help="(50; quick 15)")
     p.add_argument("--idle-seconds", type=float, default=2.0, help="idle time before RSS")
     p.add_argument("--worker-timeout", type=float, default=300.0)
@@ -1006,6 +1075,10 @@ def main(argv: list[str] | None = None) -> int:
         if "claimers" in sections:
             log("claimers sweep (PostgreSQL CPU per job)…")
             data["claimers"] = bench_claimers(args, alias)
+            save()
+        if "statement" in sections:
+            log("claim statement alone, pgbench (PostgreSQL CPU per job)…")
+            data["statement"] = bench_statement(args, alias)
             save()
         if "latency" in sections:
             log("enqueue→start and idle RSS…")

@@ -446,8 +446,13 @@ def claim_sql(alias: str, batch: int) -> str:
     return claims[0].strip().rstrip(";")
 
 
-def pgbench_ceiling(alias: str, pgbench: str, *, clients: int, batch: int, rows: int) -> dict:
-    """Run the library's own claim statement + one fenced completion per batch in pgbench."""
+def pgbench_ceiling(
+    alias: str, pgbench: str, *, clients: int, batch: int, rows: int, cpu: Any = None
+) -> dict:
+    """Run the library's own claim statement + one fenced completion per batch in pgbench.
+
+    ``cpu`` (``peers.PgCpu``): started right before pgbench, stopped right after; its
+    figures are added to the result as ``cpu``."""
     conn = connections[alias]
     qn = conn.ops.quote_name
     claim = claim_sql(alias, batch)
@@ -475,8 +480,22 @@ def pgbench_ceiling(alias: str, pgbench: str, *, clients: int, batch: int, rows:
     argv += ["-h", s["HOST"] or "127.0.0.1", "-U", s["USER"] or "postgres", s["NAME"]]
     if s.get("PORT"):
         argv[-1:-1] = ["-p", str(s["PORT"])]
+    used = None
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        if cpu is None:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        else:  # sampled while it runs: pgbench's backends exit before it does
+            cpu.start()
+            with subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            ) as running:
+                deadline = time.monotonic() + 600
+                while running.poll() is None and time.monotonic() < deadline:
+                    cpu.sample()
+                    time.sleep(0.02)  # the sampling period, not a synchronisation
+                out, err = running.communicate(timeout=60)
+            proc = subprocess.CompletedProcess(argv, running.returncode, out, err)
+            used = cpu.stop()
     finally:
         os.unlink(path)
     found = re.search(r"tps = ([\d.]+) \(without initial connection time\)", proc.stdout)
@@ -485,7 +504,7 @@ def pgbench_ceiling(alias: str, pgbench: str, *, clients: int, batch: int, rows:
     tps = float(found.group(1))
     done = BenchTask.objects.using(alias).filter(status="done").count()
     seconds = per_client * clients / tps
-    return {"jobs_s": done / seconds, "done": done, "tps": tps}
+    return {"jobs_s": done / seconds, "done": done, "tps": tps, "cpu": used}
 
 
 def drain_batched_ack(alias: str, batch: int) -> int:
