@@ -19,14 +19,16 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from django.apps import apps
+from django.core.signals import setting_changed
 from django.db import models
 from django.utils.module_loading import import_string
 
 from . import bounds
-from .conf import taskclaim_settings
+from .conf import PREFIX, taskclaim_settings
 from .exceptions import ConfigurationError, NotClaimableError
 from .status import STATE_NAMES, Status
 from .strategies import STRATEGY_NAMES
@@ -72,7 +74,7 @@ class _Static:
     meta: Any
 
 
-_cache: dict[type[models.Model], _Static] = {}
+_cache: dict[type[models.Model], ClaimOptions] = {}
 
 
 def _label(model: type[models.Model]) -> str:
@@ -144,14 +146,16 @@ def _build_static(model: type[models.Model]) -> _Static:
 
 
 class ClaimOptions:
-    """Resolved claim options of one model.
+    """Resolved claim options of one model, built once per model by :func:`get_options`.
 
-    Static parts (fields, statuses, ordering) are validated once per model; the rest
-    (lease, attempts, backoff, strategy) is read at access time from ``ClaimMeta`` or
-    the ``TASKCLAIM_*`` settings.
+    Static parts (fields, statuses, ordering) are validated when it is built; each
+    option that falls back to a ``TASKCLAIM_*`` setting (lease, attempts, backoff,
+    strategy, notify, atomic) is read from ``ClaimMeta`` or the setting and validated on
+    first use, then kept. A change of any ``TASKCLAIM_*`` setting (``override_settings``,
+    Django's ``setting_changed``) drops every model's options, so the next
+    :func:`get_options` reads them again. An invalid option raises
+    :class:`ConfigurationError` each time it is used, and is never kept.
     """
-
-    __slots__ = ("_s",)
 
     def __init__(self, static: _Static) -> None:
         self._s = static
@@ -181,7 +185,7 @@ class ClaimOptions:
     def ordering(self) -> tuple[str, ...]:
         return self._s.ordering
 
-    @property
+    @cached_property
     def atomic(self) -> bool:
         """``ClaimMeta.atomic``: run the handler and write the completion in one fenced
         transaction, so the handler's database writes commit exactly when the task does."""
@@ -220,7 +224,7 @@ class ClaimOptions:
             return getattr(meta, name)
         return getattr(taskclaim_settings, _LIVE[name])
 
-    @property
+    @cached_property
     def lease(self) -> float:
         """Seconds a claim holds a row: finite, within :data:`~.bounds.LEASE` (at most
         30 days; heartbeats keep longer tasks alive)."""
@@ -228,7 +232,7 @@ class ClaimOptions:
             bounds.number(self._get("lease"), f"{self.label} lease", bounds.LEASE, seconds=True)
         )
 
-    @property
+    @cached_property
     def max_attempts(self) -> int:
         """Claims before a task ends ``failed``: a whole number in :data:`~.bounds.MAX_ATTEMPTS`."""
         return int(
@@ -237,7 +241,7 @@ class ClaimOptions:
             )
         )
 
-    @property
+    @cached_property
     def strategy(self) -> str:
         value = self._get("strategy")
         if value not in STRATEGY_NAMES:
@@ -247,11 +251,11 @@ class ClaimOptions:
             )
         return str(value)
 
-    @property
+    @cached_property
     def notify(self) -> bool:
         return bool(self._get("notify"))
 
-    @property
+    @cached_property
     def retry_jitter(self) -> float:
         """The ± fraction of random spread on retry delays, between 0 and 1."""
         return float(
@@ -260,12 +264,8 @@ class ClaimOptions:
             )
         )
 
-    def backoff(self, attempts: int) -> float:
-        """Seconds to wait before the next attempt after ``attempts`` claims.
-
-        ``retry_backoff * 2 ** (attempts - 1)`` capped at ``retry_backoff_max``, with
-        ``± retry_jitter`` random spread so that retries of a failed batch spread out.
-        """
+    @cached_property
+    def _backoff(self) -> tuple[float, float, float]:
         base = bounds.number(
             self._get("retry_backoff"),
             f"{self.label} retry_backoff",
@@ -278,7 +278,16 @@ class ClaimOptions:
             bounds.RETRY_BACKOFF,
             seconds=True,
         )
-        return retry_delay(attempts, base=base, cap=cap, jitter=self.retry_jitter)
+        return float(base), float(cap), self.retry_jitter
+
+    def backoff(self, attempts: int) -> float:
+        """Seconds to wait before the next attempt after ``attempts`` claims.
+
+        ``retry_backoff * 2 ** (attempts - 1)`` capped at ``retry_backoff_max``, with
+        ``± retry_jitter`` random spread so that retries of a failed batch spread out.
+        """
+        base, cap, jitter = self._backoff
+        return retry_delay(attempts, base=base, cap=cap, jitter=jitter)
 
     def handler(self) -> Callable[[Any], Any] | None:
         """The callable that processes one claimed row, or ``None`` if the model has none.
@@ -325,10 +334,18 @@ def get_options(model: type[models.Model] | models.Model) -> ClaimOptions:
         model = type(model)
     if model._meta.proxy:
         model = model._meta.concrete_model  # type: ignore[assignment]
-    static = _cache.get(model)
-    if static is None:
-        static = _cache[model] = _build_static(model)
-    return ClaimOptions(static)
+    options = _cache.get(model)
+    if options is None:
+        options = _cache[model] = ClaimOptions(_build_static(model))
+    return options
+
+
+def _settings_changed(setting: str, **kwargs: Any) -> None:
+    if setting.startswith(PREFIX):
+        _cache.clear()
+
+
+setting_changed.connect(_settings_changed, dispatch_uid="django_taskclaim.options.settings")
 
 
 def is_claimable(model: type[models.Model]) -> bool:

@@ -90,3 +90,24 @@ def test_the_worker_and_the_settings_agree_where_they_share_an_option():
         assert w.low <= s.low, option
         assert s.high <= w.high, option
     assert bounds.WORKER["--lease"].high == bounds.LEASE.high == bounds.LOCK_TTL.high
+
+
+def test_claim_options_are_kept_per_model_and_dropped_when_a_setting_changes():
+    from django.test import override_settings
+
+    from django_taskclaim.options import get_options
+    from tests.testapp.models import Document
+
+    assert not hasattr(Document.ClaimMeta, "max_attempts")  # it follows the setting
+    opts = get_options(Document)
+    assert get_options(Document) is opts  # built once
+    first = opts.max_attempts
+    with override_settings(TASKCLAIM_MAX_ATTEMPTS=first + 7):
+        assert get_options(Document) is not opts
+        assert get_options(Document).max_attempts == first + 7
+    assert get_options(Document).max_attempts == first
+    with override_settings(TASKCLAIM_RETRY_JITTER="x"):
+        for _ in range(2):  # an invalid option is never kept: it raises on every use
+            with pytest.raises(ConfigurationError, match="retry_jitter must be a number"):
+                get_options(Document).backoff(1)
+    assert get_options(Document).backoff(1) >= 0
