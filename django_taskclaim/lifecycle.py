@@ -27,6 +27,7 @@ from .db import DbNow, retry_transient
 from .exceptions import ClaimLost, ConfigurationError, Fail, Retry
 from .options import CLAIM_STATE_FIELDS, ClaimOptions, get_options
 from .strategies import pg_complete_many, validate_lease
+from .types import Claimable, model_of
 
 logger = logging.getLogger("django_taskclaim.lifecycle")
 
@@ -72,11 +73,11 @@ def format_error(error: BaseException | str) -> str:
     return text
 
 
-def _db(task: models.Model) -> str:
-    return task._state.db or router.db_for_write(type(task), instance=task)
+def _db(task: Claimable) -> str:
+    return task._state.db or router.db_for_write(model_of(task), instance=task)
 
 
-def _check_fields(opts: ClaimOptions, task: models.Model, fields: Mapping[str, Any]) -> None:
+def _check_fields(opts: ClaimOptions, task: Claimable, fields: Mapping[str, Any]) -> None:
     protected = CLAIM_STATE_FIELDS | {opts.status_field}
     for name in fields:
         if name in protected:
@@ -87,7 +88,9 @@ def _check_fields(opts: ClaimOptions, task: models.Model, fields: Mapping[str, A
             raise ValueError(f"{opts.label} has no field {name!r}") from None
 
 
-def _fenced_update(task: Any, to_state: str, updates: dict[str, Any], *, bump: bool = True) -> None:
+def _fenced_update(
+    task: Claimable, to_state: str, updates: dict[str, Any], *, bump: bool = True
+) -> None:
     opts = get_options(task)
     using = _db(task)
     values = dict(updates)
@@ -96,7 +99,7 @@ def _fenced_update(task: Any, to_state: str, updates: dict[str, Any], *, bump: b
     if bump:
         values["version"] = F("version") + 1
     qs = (
-        type(task)
+        model_of(task)
         ._base_manager.using(using)
         .filter(pk=task.pk, version=task.version)
         .filter(opts.status_q("processing"))
@@ -119,7 +122,7 @@ def _fenced_update(task: Any, to_state: str, updates: dict[str, Any], *, bump: b
             task=task,
         )
     for name, value in values.items():
-        attname = task._meta.get_field(name).attname
+        attname = getattr(task._meta.get_field(name), "attname", name)
         if name == "version":
             task.version += 1
         elif isinstance(value, Combinable | models.Expression):
@@ -128,7 +131,7 @@ def _fenced_update(task: Any, to_state: str, updates: dict[str, Any], *, bump: b
             setattr(task, attname, value)
 
 
-def complete(task: Any, **fields: Any) -> None:
+def complete(task: Claimable, **fields: Any) -> None:
     """``processing`` → ``done``; ``fields`` saved in the same fenced UPDATE."""
     opts = get_options(task)
     _check_fields(opts, task, fields)
@@ -165,14 +168,14 @@ class BatchableResult(dict[str, Any]):
         self.on_written = on_written
 
 
-def _pending(task: Any) -> tuple[dict[str, Any], Callable[[], None] | None]:
+def _pending(task: Claimable) -> tuple[dict[str, Any], Callable[[], None] | None]:
     """The deferred result fields and callback of ``task`` (kept until written: a write
     retried after a lost connection must carry them again)."""
     fields, after = task.__dict__.get(PENDING_ATTR) or ({}, None)
     return dict(fields), after
 
 
-def complete_pending(task: Any) -> None:
+def complete_pending(task: Claimable) -> None:
     """Complete one deferred task on its own, with the result fields it was deferred
     with (the fallback when a batched write cannot be used)."""
     fields, after = _pending(task)
@@ -308,7 +311,7 @@ def _complete_chunk(model: type[models.Model], using: str, tasks: list[Any]) -> 
             task.__dict__.pop("finished_at", None)  # the database clock's; loaded on access
         fields, after = pending[task.pk]
         for name, value in fields.items():
-            attname = task._meta.get_field(name).attname
+            attname = getattr(task._meta.get_field(name), "attname", name)
             if isinstance(value, Combinable | models.Expression):
                 task.__dict__.pop(attname, None)
             else:
@@ -350,7 +353,7 @@ def _per_row_values(
     return out
 
 
-def fail(task: Any, error: BaseException | str = "", **fields: Any) -> None:
+def fail(task: Claimable, error: BaseException | str = "", **fields: Any) -> None:
     """``processing`` → ``failed`` (dead letter), recording ``error``."""
     opts = get_options(task)
     _check_fields(opts, task, fields)
@@ -364,7 +367,7 @@ def fail(task: Any, error: BaseException | str = "", **fields: Any) -> None:
 
 
 def retry(
-    task: Any,
+    task: Claimable,
     *,
     delay: float | timedelta | None = None,
     error: BaseException | str = "",
@@ -401,12 +404,12 @@ def retry(
     return Outcome.READY
 
 
-def release(task: Any) -> None:
+def release(task: Claimable) -> None:
     """``processing`` → ``ready`` at once; the attempt is not counted."""
     _fenced_update(task, "ready", {"locked_until": None, "attempts": F("attempts") - 1})
 
 
-def extend_lease(task: Any, seconds: float | timedelta | None = None) -> None:
+def extend_lease(task: Claimable, seconds: float | timedelta | None = None) -> None:
     """Move the lease end to ``now() + seconds`` (database clock). Token unchanged."""
     opts = get_options(task)
     lease = validate_lease(opts.lease if seconds is None else seconds)
@@ -414,7 +417,7 @@ def extend_lease(task: Any, seconds: float | timedelta | None = None) -> None:
 
 
 @contextmanager
-def fenced(task: Any, *, using: str | None = None, complete: bool = False) -> Iterator[None]:
+def fenced(task: Claimable, *, using: str | None = None, complete: bool = False) -> Iterator[None]:
     """Transaction that re-checks and locks the claim first; see ``ClaimableMixin.fenced``.
 
     With ``complete=True``, leaving the block normally completes the task inside the same
@@ -429,7 +432,7 @@ def fenced(task: Any, *, using: str | None = None, complete: bool = False) -> It
             # A no-op UPDATE both re-checks the token and takes the row's write lock
             # (on SQLite, the database write lock) until this transaction ends.
             hit = (
-                type(task)
+                model_of(task)
                 ._base_manager.using(using)
                 .filter(pk=task.pk, version=task.version)
                 .filter(opts.status_q("processing"))
@@ -451,7 +454,7 @@ def fenced(task: Any, *, using: str | None = None, complete: bool = False) -> It
         raise
 
 
-def _run_atomic(task: Any, handler: Callable[[Any], Any]) -> Any:
+def _run_atomic(task: Claimable, handler: Callable[[Any], Any]) -> Any:
     """``ClaimMeta.atomic``: the handler and the completion (with the result fields it
     returns) in one fenced transaction. Raises whatever the handler raised, after the
     rollback; a result the model cannot store rolls back too (``ValueError``)."""
@@ -488,7 +491,7 @@ class Attempt:
 
 
 def attempt(
-    task: Any, handler: Callable[[Any], Any], *, catch_base_exceptions: bool = False
+    task: Claimable, handler: Callable[[Any], Any], *, catch_base_exceptions: bool = False
 ) -> Attempt:
     """Run the body once; never raises an ``Exception`` of the body (it is returned).
 
@@ -517,7 +520,9 @@ def attempt(
         return Attempt(error=aborted)
 
 
-def settle(task: Any, done: Attempt, *, defer: Callable[[Any], None] | None = None) -> Outcome:
+def settle(
+    task: Claimable, done: Attempt, *, defer: Callable[[Any], None] | None = None
+) -> Outcome:
     """Record the outcome of one attempt; return it. The one place outcome rules live.
 
     A result completes the row (a returned mapping is saved as result fields in the
@@ -582,7 +587,7 @@ def settle(task: Any, done: Attempt, *, defer: Callable[[Any], None] | None = No
 
 
 def run_task(
-    task: Any,
+    task: Claimable,
     handler: Callable[[Any], Any] | None = None,
     *,
     defer: Callable[[Any], None] | None = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import models
@@ -97,6 +97,11 @@ class ClaimableMixin(models.Model):
     """
 
     objects = ClaimQuerySet.as_manager()
+
+    if TYPE_CHECKING:  # fields the claim mixins add (ClaimFieldsMixin); no field here
+        version: int
+        attempts: int
+        locked_until: datetime | None
 
     class Meta:
         abstract = True

@@ -20,7 +20,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 from django.apps import apps
 from django.core.signals import setting_changed
@@ -32,6 +32,7 @@ from .conf import PREFIX, taskclaim_settings
 from .exceptions import ConfigurationError, NotClaimableError
 from .status import STATE_NAMES, Status
 from .strategies import STRATEGY_NAMES
+from .types import Claimable
 
 REQUIRED_FIELDS = ("version", "locked_until", "attempts")
 #: Fields only the library's fenced operations write; a plain ``save()`` of an existing
@@ -324,19 +325,18 @@ def retry_delay(attempts: int, *, base: float, cap: float, jitter: float) -> flo
     return max(0.0, delay)
 
 
-def get_options(model: type[models.Model] | models.Model) -> ClaimOptions:
+def get_options(model: type[models.Model] | models.Model | Claimable) -> ClaimOptions:
     """Return the validated :class:`ClaimOptions` of a claimable model.
 
     Raises :class:`NotClaimableError` if the model lacks the claim fields and
     :class:`ConfigurationError` if its ``ClaimMeta`` is invalid.
     """
-    if isinstance(model, models.Model):
-        model = type(model)
-    if model._meta.proxy:
-        model = model._meta.concrete_model  # type: ignore[assignment]
-    options = _cache.get(model)
+    cls = cast(type[models.Model], model if isinstance(model, type) else type(model))
+    if cls._meta.proxy:
+        cls = cast(type[models.Model], cls._meta.concrete_model)
+    options = _cache.get(cls)
     if options is None:
-        options = _cache[model] = ClaimOptions(_build_static(model))
+        options = _cache[cls] = ClaimOptions(_build_static(cls))
     return options
 
 

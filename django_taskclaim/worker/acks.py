@@ -18,6 +18,7 @@ from django.db import DatabaseError
 
 from ..exceptions import ClaimLost
 from ..lifecycle import complete_many, complete_pending
+from ..types import Claimable
 from .dbconn import backoff, close, connection_trouble, one_line
 from .ledger import Ledger
 
@@ -43,7 +44,7 @@ class Acks:
         #: Set when a new buffer starts: the heartbeat then has a new deadline to keep.
         self.new_deadline = threading.Event()
 
-    def defer(self, task: Any) -> None:
+    def defer(self, task: Claimable) -> None:
         """The ``defer`` hook of :func:`~django_taskclaim.lifecycle.settle`: buffer the
         completion of ``task`` to be written with others within ``window`` seconds."""
         if self.ledger.defer_ack(task):

@@ -13,12 +13,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
 
 from django.db import DatabaseError, connections
 
 from ..lifecycle import Attempt, Outcome, attempt, settle
 from ..strategies import was_recovered
+from ..types import Claimable, model_of
 from .acks import Acks
 from .config import WorkerConfig
 from .dbconn import backoff, close, connection_trouble, one_line
@@ -121,7 +121,7 @@ class Executors:
                 self.ledger.settled(me)
             self.acks.flush(due_only=True)
 
-    def run_one(self, task: Any) -> Outcome:
+    def run_one(self, task: Claimable) -> Outcome:
         """Run one claimed row and record its outcome; return the outcome."""
         label = type(task)._meta.label
         if was_recovered(task):
@@ -132,7 +132,7 @@ class Executors:
                 if self.halt.is_set():
                     break
             self.acks.flush()
-        handler = self.config.handlers[type(task)]
+        handler = self.config.handlers[model_of(task)]
         started = time.monotonic()
         logger.debug(
             "task started task=%s:%s attempt=%s worker=%s",
@@ -179,7 +179,7 @@ class Executors:
             )
         return outcome
 
-    def _settle_again(self, task: Any, done: Attempt, exc: BaseException) -> Outcome:
+    def _settle_again(self, task: Claimable, done: Attempt, exc: BaseException) -> Outcome:
         """The outcome write hit a database error: once the connection is back, make
         the same fenced write again (``done`` is known; a write that had landed is then
         seen as ``lost`` and nothing more is written)."""

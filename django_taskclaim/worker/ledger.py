@@ -18,6 +18,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ..types import Claimable
+
 
 class Ledger:
     """Rows held by one process: ``claimed`` (waiting for an executor), ``running`` (one
@@ -175,11 +177,11 @@ class Ledger:
                 self._forget(task)
             self._changed.notify_all()
 
-    def _forget(self, task: Any) -> None:
+    def _forget(self, task: Claimable) -> None:
         if self.recovered(task):
             self._held_recovered -= 1
 
-    def defer_ack(self, task: Any) -> bool:
+    def defer_ack(self, task: Claimable) -> bool:
         """Buffer a completion to be written with others; return True if it is the
         first of a new buffer (the heartbeat then has a new deadline)."""
         with self._lock:
@@ -215,7 +217,7 @@ class Ledger:
             running = [t for t in self._running.values() if not (skip_running and skip_running(t))]
             return [*self._claimed, *running, *self._acks]
 
-    def mark_lost(self, task: Any, version: int) -> str | None:
+    def mark_lost(self, task: Claimable, version: int) -> str | None:
         """Record that ``task`` (at token ``version``) was taken back. Returns
         ``"claimed"`` if it had not started (it is dropped: never started), ``"running"``
         if it is running or unacknowledged, ``None`` if it has moved on since."""
@@ -231,7 +233,7 @@ class Ledger:
                     return "claimed"
             return "running"
 
-    def is_lost(self, task: Any) -> bool:
+    def is_lost(self, task: Claimable) -> bool:
         with self._lock:
             return (type(task), task.pk, task.version) in self._lost
 
