@@ -1,6 +1,8 @@
 """Connection helpers: transaction state, transient-error detection and bounded retry.
 
-Vendor error codes are classified here and nowhere else.
+Database errors are classified through :func:`is_transient` and :func:`is_lock_timeout`
+and nowhere else; they ask the vendor's class in :mod:`django_taskclaim.backends`, which
+holds the error codes.
 """
 
 from __future__ import annotations
@@ -17,14 +19,10 @@ from django.conf import settings
 from django.db import DatabaseError, connections
 from django.db.models.functions import Now
 
+from .backends import for_alias
 from .conf import taskclaim_settings
 
 logger = logging.getLogger("django_taskclaim.db")
-
-# PostgreSQL SQLSTATEs: serialization_failure, deadlock_detected, lock_not_available
-_PG_TRANSIENT = {"40001", "40P01"}
-# MySQL / MariaDB: ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT
-_MYSQL_TRANSIENT = {1213, 1205}
 
 
 #: The database clock as SQL, per vendor. MySQL/MariaDB: ``UTC_TIMESTAMP(6)``, not
@@ -77,18 +75,15 @@ def is_transient(exc: BaseException, using: str) -> bool:
     """Whether ``exc`` is a deadlock / serialization failure / busy database worth retrying."""
     if not isinstance(exc, DatabaseError):
         return False
-    vendor = connections[using].vendor
-    cause = exc.__cause__ or exc
-    if vendor == "postgresql":
-        state = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-        return state in _PG_TRANSIENT
-    if vendor == "mysql":
-        args: tuple[Any, ...] = getattr(cause, "args", ())
-        return bool(args) and args[0] in _MYSQL_TRANSIENT
-    if vendor == "sqlite":
-        text = str(cause).lower()
-        return "database is locked" in text or "database table is locked" in text
-    return False
+    return for_alias(using).is_transient(exc.__cause__ or exc)
+
+
+def is_lock_timeout(exc: BaseException, using: str) -> bool:
+    """Whether ``exc`` is a statement's lock wait ended by the session's lock timeout
+    (PostgreSQL ``lock_timeout``: SQLSTATE ``lock_not_available``)."""
+    if not isinstance(exc, DatabaseError):
+        return False
+    return for_alias(using).is_lock_timeout(exc.__cause__ or exc)
 
 
 def retry_transient[T](fn: Callable[[], T], using: str, *, what: str) -> T:

@@ -53,6 +53,17 @@ class LockNotAcquired(TaskClaimError):
     """A lock could not be acquired (already held elsewhere, or the wait timed out)."""
 
 
+class LockUsageError(ConfigurationError, ValueError):
+    """A lock was asked for with an invalid key, timeout or mode, or one the database
+    (or the declared connection pooler) cannot honour. Nothing was locked."""
+
+
+class LockLost(TaskClaimError):
+    """A lock was held but is not any more: a lease taken over after it expired, or a
+    session advisory lock that vanished with its connection. The protected block ran
+    (at least in part) without the lock."""
+
+
 class Retry(Exception):
     """Raise from a task body to run it again later.
 

@@ -16,6 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
+from .backends import for_engine
 from .conf import taskclaim_settings
 
 PGBOUNCER_DEFAULT_PORT = 6432
@@ -32,12 +33,12 @@ def check_pooler(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
 def pooler_messages(databases: dict[str, Any], mode: str | None) -> list[checks.CheckMessage]:
     """The pooler check for ``databases`` (a ``DATABASES`` dict) and a declared ``mode``."""
     messages: list[checks.CheckMessage] = []
-    postgres = [
+    pooled = [
         (alias, conf)
         for alias, conf in databases.items()
-        if "postgres" in str(conf.get("ENGINE", ""))
+        if (sql := for_engine(conf)) is not None and sql.pooler_mode_applies
     ]
-    for alias, conf in postgres:
+    for alias, conf in pooled:
         if mode == "transaction":
             messages.append(
                 checks.Warning(

@@ -107,8 +107,8 @@ def test_advisory_backend_skips_where_held():
     ("kwargs", "message"),
     [
         ({"backend": "redis"}, 'lease" or "advisory'),
-        ({"ttl": -1}, "positive number"),
-        ({"ttl": 0}, "positive number"),
+        ({"ttl": -1}, "ttl must be > 0"),
+        ({"ttl": 0}, "ttl must be > 0"),
     ],
 )
 def test_bad_input_is_a_clear_error(kwargs, message):

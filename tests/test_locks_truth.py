@@ -145,7 +145,7 @@ def test_nested_with_on_one_lease_lock_is_refused():
     [
         ({"ttl": 1e300}, "ttl must be from"),
         ({"ttl": 1e-9}, "ttl must be from"),
-        ({"ttl": float("inf")}, "ttl must be from"),
+        ({"ttl": float("inf")}, "ttl must be a finite number"),
         ({"ttl": 30, "auto_renew": 1e-6}, "auto_renew is"),
         ({"ttl": 30, "auto_renew": float("nan")}, "auto_renew is"),
         ({"ttl": 30, "owner": "a\x00b"}, "owner must be"),

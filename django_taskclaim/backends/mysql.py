@@ -1,0 +1,148 @@
+"""What django-taskclaim sends to MySQL and MariaDB."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, ClassVar
+
+from django.db import DatabaseError
+
+from .base import AdvisoryKind, DatabaseSQL, LeaseTable, Statement
+
+#: Error codes worth a retry: ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT.
+TRANSIENT_ERRORS = frozenset({1213, 1205})
+#: ``GET_LOCK`` waits forever with a negative timeout on MySQL but fails on MariaDB: "no
+#: limit" is a year.
+GET_LOCK_FOREVER = 365 * 24 * 3600
+#: Longest ``GET_LOCK`` name.
+MAX_LOCK_NAME = 64
+
+
+def lock_name(key: tuple[int, ...], database: str) -> str:
+    """The ``GET_LOCK`` name of the normalized ``key`` on the database ``database``.
+
+    ``GET_LOCK`` names are server-wide, so the name carries the database name:
+    ``tc:<database>:<int64>`` (``tc:<database>:<a>,<b>`` for a pair). A database name that
+    would push it past :data:`MAX_LOCK_NAME` characters is replaced by the first 12 hex
+    digits of its MD5.
+    """
+    norm = ",".join(str(part) for part in key)
+    name = f"tc:{database}:{norm}"
+    if len(name) > MAX_LOCK_NAME:
+        short = hashlib.md5(database.encode(), usedforsecurity=False).hexdigest()[:12]
+        name = f"tc:{short}:{norm}"
+    return name
+
+
+class MySQL(DatabaseSQL):
+    """MySQL / MariaDB: ``INSERT … ON DUPLICATE KEY UPDATE`` leases, ``GET_LOCK`` locks."""
+
+    vendor = "mysql"
+    engine_marker = "mysql"
+    default_port = 3306
+
+    def is_transient(self, error: BaseException) -> bool:
+        """Deadlocks and lock wait timeouts (:data:`TRANSIENT_ERRORS`)."""
+        args: tuple[Any, ...] = getattr(error, "args", ())
+        return bool(args) and args[0] in TRANSIENT_ERRORS
+
+    # --------------------------------------------------------------------- lease locks
+
+    supports_lease_locks = True
+    #: UTC: zone-proof whatever ``time_zone`` a session set.
+    lease_now: ClassVar[str] = "UTC_TIMESTAMP(6)"
+
+    def lease_stamp_sql(self) -> str:
+        """Read the clock once into ``@taskclaim_lease_now`` for the acquire that follows."""
+        return f"SET @taskclaim_lease_now = {self.lease_now}"
+
+    def lease_acquire_sql(self, t: LeaseTable) -> str:
+        """The upsert that takes a free or ended lease, stamping ``acquired_at`` with
+        ``@taskclaim_lease_now``. The assignments run left to right, so ``locked_until``
+        (the condition) is assigned last. Parameters: key, owner, ttl in microseconds."""
+        cond = f"{t.until} <= @taskclaim_lease_now"
+        return (
+            f"INSERT INTO {t.table} ({t.key}, {t.owner}, {t.token}, {t.until}, "
+            f"{t.acquired_at}) VALUES (%s, %s, 1, @taskclaim_lease_now + INTERVAL %s "
+            f"MICROSECOND, @taskclaim_lease_now) ON DUPLICATE KEY UPDATE "
+            f"{t.owner} = IF({cond}, VALUES({t.owner}), {t.owner}), "
+            f"{t.token} = IF({cond}, {t.token} + 1, {t.token}), "
+            f"{t.acquired_at} = IF({cond}, VALUES({t.acquired_at}), {t.acquired_at}), "
+            f"{t.until} = IF({cond}, VALUES({t.until}), {t.until})"
+        )
+
+    def lease_readback_sql(self, t: LeaseTable) -> str:
+        """The token, if this very acquire won: the row is ours with this statement's
+        stamp. MySQL's clock is fixed at a statement's start and the upsert may have waited
+        on the row's lock, so only a lease still in the future counts.
+        Parameters: key, owner."""
+        return (
+            f"SELECT {t.token} FROM {t.table} WHERE {t.key} = %s AND {t.owner} = %s "
+            f"AND {t.acquired_at} = @taskclaim_lease_now AND {t.until} > {self.lease_now}"
+        )
+
+    def lease_acquire(
+        self, cursor: Any, t: LeaseTable, key: str, owner: str, ttl: float
+    ) -> int | None:
+        """See :meth:`DatabaseSQL.lease_acquire`. No ``RETURNING`` here: stamp, upsert, then
+        read back (:meth:`lease_stamp_sql`, :meth:`lease_acquire_sql`,
+        :meth:`lease_readback_sql`)."""
+        cursor.execute(self.lease_stamp_sql())
+        cursor.execute(self.lease_acquire_sql(t), (key, owner, round(ttl * 1_000_000)))
+        cursor.execute(self.lease_readback_sql(t), (key, owner))
+        rows = cursor.fetchall()
+        return int(rows[0][0]) if rows else None
+
+    def lease_renew_sql(self, t: LeaseTable) -> str:
+        """Move the end of the fenced lease. Parameters: ttl in microseconds, key, owner,
+        token."""
+        return (
+            f"UPDATE {t.table} SET {t.until} = {self.lease_now} + INTERVAL %s MICROSECOND "
+            f"WHERE {t.key} = %s AND {t.owner} = %s AND {t.token} = %s"
+        )
+
+    def lease_renew(
+        self, cursor: Any, t: LeaseTable, key: str, owner: str, token: int, ttl: float
+    ) -> bool:
+        """See :meth:`DatabaseSQL.lease_renew`: :meth:`lease_renew_sql`, then
+        :meth:`~DatabaseSQL.lease_verify_sql` (is the new end still in the future now?)."""
+        cursor.execute(self.lease_renew_sql(t), (round(ttl * 1_000_000), key, owner, token))
+        if cursor.rowcount != 1:
+            return False
+        cursor.execute(self.lease_verify_sql(t), (key, owner, token))
+        return bool(cursor.fetchall())
+
+    # lease_verify / lease_release: the base class's statements. Django connects to MySQL
+    # with CLIENT_FOUND_ROWS, so the release's rowcount counts matched rows here too.
+
+    # ------------------------------------------------------------------ advisory locks
+
+    advisory_kind: ClassVar[AdvisoryKind] = "named"
+
+    def advisory_lock_id(self, key: tuple[int, ...], database: str) -> tuple[Any, ...]:
+        """``(name,)``: the database-scoped :func:`lock_name`."""
+        return (lock_name(key, database),)
+
+    def advisory_lock(
+        self,
+        lock_id: tuple[Any, ...],
+        *,
+        xact: bool,
+        shared: bool,
+        try_: bool,
+        timeout: float | None,
+    ) -> Statement:
+        """``SELECT GET_LOCK(name, seconds)``: 0 seconds for ``try_``; ``xact`` and
+        ``shared`` do not exist here (named locks are session-scope and exclusive)."""
+        seconds = 0 if try_ else (GET_LOCK_FOREVER if timeout is None else timeout)
+        return Statement("SELECT GET_LOCK(%s, %s)", (*lock_id, seconds))
+
+    def advisory_acquired(self, value: Any, lock_id: tuple[Any, ...], *, try_: bool) -> bool:
+        """1: taken; 0: timed out; ``NULL``: an error (raised as ``DatabaseError``)."""
+        if value is None:
+            raise DatabaseError(f"GET_LOCK({lock_id[0]!r}) failed")
+        return bool(value)
+
+    def advisory_unlock(self, lock_id: tuple[Any, ...], *, shared: bool) -> Statement:
+        """``SELECT RELEASE_LOCK(name)`` (1 when this session held it)."""
+        return Statement("SELECT RELEASE_LOCK(%s)", lock_id)

@@ -1,0 +1,394 @@
+"""Lease locks: a row of the ``taskclaim.Lease`` table held until a time on the database
+clock, fenced by a token (:class:`LeaseLock`). The statements are the vendor's, in
+:mod:`django_taskclaim.backends`."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from django.db import DatabaseError, connections, router
+
+from .. import bounds
+from ..backends import DatabaseSQL, LeaseTable, for_connection
+from ..conf import taskclaim_settings
+from ..db import default_worker_id, in_user_atomic, retry_transient
+from ..exceptions import LockLost, LockNotAcquired, LockUsageError
+from .keys import validate_lease_key
+
+logger = logging.getLogger("django_taskclaim.locks")
+
+#: Shortest and longest lease a :class:`LeaseLock` takes (a shorter one would end before
+#: its own statement returned; a longer one is a typo that would wedge the key for ages).
+MIN_TTL, MAX_TTL = bounds.LOCK_TTL.low, bounds.LOCK_TTL.high
+#: Shortest auto-renewal interval (anything shorter is a busy loop on the database).
+MIN_RENEW_EVERY = 0.01
+
+
+def validate_ttl(ttl: Any) -> float:
+    """``ttl`` as seconds (a number or a ``timedelta``; ``None``: ``TASKCLAIM_LEASE``)
+    within :data:`~django_taskclaim.bounds.LOCK_TTL` (:data:`MIN_TTL` to :data:`MAX_TTL`);
+    raise :class:`LockUsageError` otherwise."""
+    if ttl is None:
+        ttl = taskclaim_settings.LEASE
+    return float(bounds.number(ttl, "ttl", bounds.LOCK_TTL, seconds=True, error=LockUsageError))
+
+
+def safety_margin(ttl: float) -> float:
+    """How long before ``ttl`` (counted from the *send* of the statement that took or
+    renewed the lease) a holder considers its lease over: 10 % of the ttl, at most 1 s.
+
+    The database wrote the lease's end after it received the statement, so the lease
+    ends no earlier than send + ttl; the margin covers the rate difference of two
+    clocks over one ttl, and the time to act on :attr:`LeaseLock.held`."""
+    return min(1.0, ttl * 0.1)
+
+
+def _lease_statement[T](using: str, step: Callable[[DatabaseSQL, Any, LeaseTable], T]) -> T:
+    """Run one lease ``step`` of the vendor's statements on ``using`` (own cursor), retrying
+    transient errors; :class:`LockUsageError` where lease locks are not supported."""
+    conn = connections[using]
+    sql = for_connection(conn)
+    if not sql.supports_lease_locks:
+        raise LockUsageError(f"lease locks do not support the {sql.vendor} database")
+    table = LeaseTable.of(conn)
+
+    def go() -> T:
+        with connections[using].cursor() as cursor:
+            return step(sql, cursor, table)
+
+    return retry_transient(go, using, what="lease lock")
+
+
+class LeaseLock:
+    """A named lock held until a time on the database clock, fenced by a token.
+
+    ``acquire()`` wins when the key is free or its lease has ended
+    (``locked_until <= now()`` on the database, judged when the row is written); each win
+    bumps ``token`` by one, so a holder whose lease was taken over is fenced: its
+    ``renew()`` / ``release()`` match nothing and return ``False``. Each is one atomic
+    statement (PostgreSQL and SQLite ``INSERT … ON CONFLICT … DO UPDATE … WHERE …
+    RETURNING``, MySQL/MariaDB ``INSERT … ON DUPLICATE KEY UPDATE`` with conditions and a
+    read-back). Works on every database and through any connection pooler.
+
+    **The holder is told first.** Each successful acquire or renew sets a local deadline
+    on the monotonic clock: the moment the statement was *sent*, plus ``ttl``, minus a
+    :func:`safety_margin`. The database cannot end the lease before that, so
+    :attr:`held` turns ``False`` (and :meth:`check` raises) before anyone else can take
+    it over — whatever the renewer thread is doing, even if its connection hangs.
+
+    As a context manager it raises :class:`LockNotAcquired` on enter when the lock is
+    held elsewhere, releases on exit and raises :class:`LockLost` on exit if the lease
+    was lost (or its deadline passed) before the block ended; an exception from the
+    block is never replaced. Not re-entrant: entering a held lock again raises
+    :class:`LockUsageError`. ``auto_renew=True`` (or an interval in seconds) renews it
+    from a background thread on its own database connection every ``ttl / 3`` seconds
+    (or that interval) while the block runs; that is refused inside the caller's
+    ``atomic()`` block (the renewer's connection could not see the uncommitted lease).
+
+    ``owner`` identifies the holder (default ``host:pid:<random>``, unique per
+    object); it must not be shared by two holders. One object is for one thread.
+    """
+
+    def __init__(
+        self,
+        key: str,
+        ttl: float | None = None,
+        *,
+        owner: str | None = None,
+        using: str | None = None,
+        auto_renew: bool | float = False,
+    ) -> None:
+        # Late: the locks are importable before the app registry is ready; models are not.
+        from ..models import Lease
+
+        self.key = validate_lease_key(key)
+        self.ttl = validate_ttl(ttl)
+        if owner is None:
+            owner = f"{default_worker_id()}:{uuid.uuid4().hex[:12]}"
+        if not isinstance(owner, str) or not owner or len(owner) > 255 or "\x00" in owner:
+            raise LockUsageError("owner must be a non-empty string of at most 255 characters")
+        self.owner = owner
+        self.using = using or router.db_for_write(Lease)
+        if isinstance(auto_renew, bool):
+            self.renew_every: float | None = self.ttl / 3 if auto_renew else None
+        elif (
+            isinstance(auto_renew, int | float)
+            and math.isfinite(auto_renew)
+            and MIN_RENEW_EVERY <= auto_renew < self.ttl
+        ):
+            self.renew_every = float(auto_renew)
+        else:
+            raise LockUsageError(
+                f"auto_renew is True/False or an interval from {MIN_RENEW_EVERY:g} s to "
+                f"below ttl={self.ttl:g} s, got {auto_renew!r}"
+            )
+        #: Fencing token of the held lease, ``None`` when not held.
+        self.token: int | None = None
+        self._lost = False
+        self._deadline = 0.0  # monotonic; meaningful while token is not None
+        self._state = threading.Lock()
+        self._renewer: _Renewer | None = None
+
+    def __repr__(self) -> str:
+        return f"<LeaseLock key={self.key!r} owner={self.owner!r} token={self.token}>"
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lease: taken, not found lost, and its local
+        deadline (see the class docstring) not passed."""
+        return self.token is not None and not self._lost and time.monotonic() < self._deadline
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lease was found taken over, or its local deadline passed."""
+        return self._lost or (self.token is not None and time.monotonic() >= self._deadline)
+
+    @property
+    def seconds_left(self) -> float:
+        """Seconds until the local deadline (0 when not held)."""
+        if self.token is None or self._lost:
+            return 0.0
+        return max(0.0, self._deadline - time.monotonic())
+
+    def _good_until(self, sent: float) -> float:
+        return sent + self.ttl - safety_margin(self.ttl)
+
+    def acquire(self) -> bool:
+        """Take the lease if it is free or expired; ``True`` if this call holds it.
+
+        Already held by this object: renews instead. On success :attr:`token` is the
+        new fencing token (one more than the previous holder's).
+        """
+        if self.token is not None and not self._lost:
+            return self.renew()
+        sent = time.monotonic()
+        token = _lease_statement(
+            self.using,
+            lambda sql, cursor, t: sql.lease_acquire(cursor, t, self.key, self.owner, self.ttl),
+        )
+        with self._state:
+            self.token = token
+            self._lost = False
+            self._deadline = self._good_until(sent)
+        if token is None:
+            logger.debug("lease busy key=%s owner=%s", self.key, self.owner)
+            return False
+        if time.monotonic() >= self._deadline:
+            # The statement took longer than the lease (it waited on the row's lock): the
+            # lease may end before the caller could use it. Give it back; not acquired.
+            logger.warning(
+                "lease acquired too late key=%s owner=%s token=%s: its statement took "
+                "longer than ttl=%gs; released",
+                self.key,
+                self.owner,
+                token,
+                self.ttl,
+            )
+            self.release()
+            return False
+        logger.debug("lease acquired key=%s owner=%s token=%s", self.key, self.owner, token)
+        return True
+
+    def renew(self) -> bool:
+        """Extend the lease to ``now() + ttl``; ``False`` (and :attr:`lost`) if it was lost.
+
+        Fenced on (key, owner, token): after a takeover it changes nothing. A lease whose
+        local deadline already passed is not renewed (someone may hold it already).
+        """
+        token = self.token
+        if token is None or self._lost:
+            return False
+        if time.monotonic() >= self._deadline:
+            self._mark_lost("its deadline passed before it was renewed")
+            return False
+        sent = time.monotonic()
+        ok = _lease_statement(
+            self.using,
+            lambda sql, cursor, t: sql.lease_renew(
+                cursor, t, self.key, self.owner, token, self.ttl
+            ),
+        )
+        if not ok:
+            self._mark_lost("taken over: the renewal matched nothing")
+        else:
+            with self._state:
+                if self.token == token and not self._lost:
+                    self._deadline = self._good_until(sent)
+            if time.monotonic() >= self._deadline:
+                self._mark_lost("its renewal took longer than the lease")
+                return False
+        return ok
+
+    def release(self) -> bool:
+        """Give the lease up now; ``True`` if it was still ours, ``False`` if it was lost.
+
+        Fenced on (key, owner, token): a stale holder releases nothing. The row stays
+        (ending now) so the next holder's token keeps growing. A lease past its deadline
+        is not sent a release (it ends by itself). A database error is logged and the
+        connection reset (the lease then ends at its ttl); it returns ``False``.
+        """
+        self._stop_renewer()
+        token = self.token
+        if token is None:
+            return False
+        expired = self.lost
+        with self._state:
+            self.token = None
+        if expired:
+            return False
+        try:
+            ok = _lease_statement(
+                self.using,
+                lambda sql, cursor, t: sql.lease_release(cursor, t, self.key, self.owner, token),
+            )
+        except DatabaseError as exc:
+            logger.warning(
+                "lease release failed key=%s owner=%s token=%s error=%s: it ends at its ttl",
+                self.key,
+                self.owner,
+                token,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            )
+            if not in_user_atomic(self.using):
+                connections[self.using].close()  # the next statement reconnects
+            return False
+        if not ok:
+            self._mark_lost("taken over before release", token=token)
+        else:
+            logger.debug("lease released key=%s owner=%s token=%s", self.key, self.owner, token)
+        return ok
+
+    def check(self) -> None:
+        """Raise :class:`LockLost` unless the lease is held.
+
+        Without a renewer thread it also asks the database (one short query), so a
+        lease broken by an operator is noticed; with one, the renewer's last answer and
+        the local deadline decide.
+        """
+        token = self.token
+        if (
+            token is not None
+            and not self.lost
+            and self._renewer is None
+            and not _lease_statement(
+                self.using,
+                lambda sql, cursor, t: sql.lease_verify(cursor, t, self.key, self.owner, token),
+            )
+        ):
+            self._mark_lost("taken over or broken (checked against the database)")
+        if self.token is None:
+            raise LockLost(f"lease {self.key!r} is not held (never taken, or released)")
+        if not self.held:
+            raise LockLost(
+                f"lease {self.key!r} was lost (taken over, broken, or its deadline passed "
+                "without a renewal)"
+            )
+
+    def _mark_lost(self, why: str, *, token: int | None = None) -> None:
+        with self._state:
+            already = self._lost
+            self._lost = True
+        if not already:
+            logger.warning(
+                "lease lost key=%s owner=%s token=%s: %s",
+                self.key,
+                self.owner,
+                token if token is not None else self.token,
+                why,
+            )
+
+    def _start_renewer(self) -> None:
+        if self.renew_every is not None and self._renewer is None:
+            self._renewer = _Renewer(self, self.renew_every)
+            self._renewer.start()
+
+    def _stop_renewer(self) -> None:
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            renewer.stop(timeout=max(1.0, self.seconds_left))
+
+    def __enter__(self) -> LeaseLock:
+        if self.token is not None and not self._lost:
+            raise LockUsageError(
+                f"lease {self.key!r} is already held by this object: nested `with` on one "
+                "LeaseLock is refused (the inner exit would release the outer block's lock)"
+            )
+        if self.renew_every is not None and in_user_atomic(self.using):
+            raise LockUsageError(
+                "a LeaseLock with auto_renew (and @singleton) cannot be taken inside an "
+                "atomic() block: the renewer's own connection cannot see the uncommitted "
+                "lease row. Take it outside the transaction, or without auto_renew."
+            )
+        if not self.acquire():
+            raise LockNotAcquired(f"lease {self.key!r} is held by another owner")
+        self._start_renewer()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop_renewer()
+        lost = self.lost  # before release: was the block covered to its end?
+        self.release()
+        if (lost or self._lost) and exc_type is None:
+            raise LockLost(
+                f"lease {self.key!r} was lost before the block ended (taken over, or its "
+                "deadline passed without a renewal); the block ran partly without the lock"
+            )
+
+
+#: Alias of :class:`LeaseLock`.
+lease_lock = LeaseLock
+
+
+class _Renewer(threading.Thread):
+    """Renews a lease every ``interval`` seconds on the thread's own connection.
+
+    Never renews past the lease's local deadline; a statement that hangs (a black-holed
+    network) does not keep :attr:`LeaseLock.held` true, and ``stop()`` does not wait for
+    it beyond its timeout (the thread is a daemon)."""
+
+    def __init__(self, lock: LeaseLock, interval: float) -> None:
+        super().__init__(name=f"taskclaim-lease-{lock.key}", daemon=True)
+        self.lock = lock
+        self.interval = interval
+        self._stop_event = threading.Event()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop_event.set()
+        if self is not threading.current_thread():
+            self.join(timeout)
+
+    def run(self) -> None:
+        lock = self.lock
+        try:
+            while not self._stop_event.wait(self.interval):
+                if not lock.held:
+                    if lock.token is not None and not lock._lost:
+                        lock._mark_lost("its deadline passed: the database did not answer in time")
+                    return
+                try:
+                    ok = lock.renew()
+                except DatabaseError as exc:
+                    logger.warning(
+                        "lease renewal failed key=%s error=%s (held for %.1fs more at most)",
+                        lock.key,
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else exc,
+                        lock.seconds_left,
+                    )
+                    connections[lock.using].close()
+                    continue
+                if not ok:
+                    return
+        finally:
+            connections[lock.using].close()
