@@ -25,14 +25,14 @@ from django.core import checks
 from django.db import connections, router
 
 from . import bounds
-from .conf import PREFIX, taskclaim_settings
+from .conf import CHECK_TAG, PREFIX, taskclaim_settings
 from .exceptions import TaskClaimError
 from .options import claimable_models, get_options
 from .strategies import resolve
 
 #: The tag of every django-taskclaim check: ``manage.py check --tag taskclaim`` runs them
 #: alone, and the worker runs them (and only them) when it starts.
-TAG = "taskclaim"
+TAG = CHECK_TAG
 
 
 @checks.register(TAG)

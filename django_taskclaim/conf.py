@@ -16,6 +16,8 @@ from typing import Any
 from django.conf import settings
 
 PREFIX = "TASKCLAIM_"
+#: The tag of every django-taskclaim system check (``manage.py check --tag taskclaim``).
+CHECK_TAG = "taskclaim"
 
 #: name (without prefix) -> default value
 DEFAULTS: dict[str, Any] = {

@@ -17,14 +17,14 @@ from django.conf import settings
 from django.core import checks
 
 from .backends import for_engine
-from .conf import taskclaim_settings
+from .conf import CHECK_TAG, taskclaim_settings
 
 PGBOUNCER_DEFAULT_PORT = 6432
 
 
 # Not tagged ``database``: the check reads settings only, and ``database`` checks run
 # only with ``manage.py check --database``, never under runserver or a plain ``check``.
-@checks.register(checks.Tags.compatibility)
+@checks.register(checks.Tags.compatibility, CHECK_TAG)
 def check_pooler(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Warn where the declared pooler mode and the database settings disagree."""
     return pooler_messages(settings.DATABASES, taskclaim_settings.POOLER_MODE)
