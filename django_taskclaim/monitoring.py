@@ -14,13 +14,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connections, models, router
-from django.db.models import Count, Min, Q
+from django.db.models import Min, Q
+from django.db.models.expressions import CombinedExpression
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from .conf import taskclaim_settings
 from .db import NOW_SQL, DbNow, now_sql
 from .exceptions import ConfigurationError
 from .options import claimable_models, get_options
+from .querysets import as_claim_queryset
 from .status import TERMINAL_STATES
 
 logger = logging.getLogger("django_taskclaim.monitoring")
@@ -35,8 +38,6 @@ def db_now(using: str = "default") -> datetime:
     Lease and age figures are differences against this value, so a web server with a
     skewed clock still shows what the database (and therefore the reaper) sees.
     """
-    from django.utils import timezone
-
     conn = connections[using]
     if conn.vendor not in NOW_SQL:  # pragma: no cover - other vendors
         return timezone.now()
@@ -51,6 +52,56 @@ def db_now(using: str = "default") -> datetime:
     if timezone.is_naive(value):
         value = timezone.make_aware(value, UTC)
     return value
+
+
+def humanize_seconds(seconds: float) -> str:
+    """A duration for people, sign ignored: ``75`` → ``"1m 15s"``; ``7300`` →
+    ``"2h 01m"``; ``90000`` → ``"1d 01h"``."""
+    s = int(abs(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h {(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d {(s % 86400) // 3600:02d}h"
+
+
+# -- the live-worker rule ------------------------------------------------------------
+
+
+def silent_after() -> float:
+    """Seconds of registry silence after which a worker is *shown* as silent
+    (``TASKCLAIM_WORKER_SILENT_AFTER``). Display only: silence is not death, and no row
+    is taken from a silent worker before its lease ends."""
+    return float(taskclaim_settings.WORKER_SILENT_AFTER)
+
+
+def silence_cutoff() -> CombinedExpression:
+    """The database's ``now()`` minus :func:`silent_after`: a registered worker whose
+    last heartbeat (``last_seen``) is before it is silent, at or after it live."""
+    return DbNow() - timedelta(seconds=silent_after())
+
+
+def live_worker_q() -> Q:
+    """Registered workers that are not stopped and were heard from at or after
+    :func:`silence_cutoff` (database clock): the dashboard's and ``taskclaim_stats``'
+    live workers, the admin's "live" filter and badge."""
+    return Q(stopped_at__isnull=True, last_seen__gte=silence_cutoff())
+
+
+def silent_worker_q() -> Q:
+    """Registered workers that are not stopped and were last heard from before
+    :func:`silence_cutoff`: the complement of :func:`live_worker_q` among the workers
+    not stopped. Shown to operators, never taken as proof of death."""
+    return Q(stopped_at__isnull=True, last_seen__lt=silence_cutoff())
+
+
+def heard_from_recently(last_seen: datetime, now: datetime) -> bool:
+    """:func:`live_worker_q`'s heartbeat test for a value already read: whether
+    ``last_seen`` is at or after :func:`silence_cutoff` when the database's clock reads
+    ``now``."""
+    return last_seen >= now - timedelta(seconds=silent_after())
 
 
 @dataclass
@@ -123,19 +174,14 @@ def model_stats(
     """
     opts = get_options(model)
     db = using or router.db_for_read(model)
-    qs = queryset if queryset is not None else model._base_manager.using(db).all()
-    counts = {state: 0 for state, v in opts.statuses.items() if v is not None}
-    for row in qs.order_by().values(opts.status_field).annotate(n=Count("pk")):
-        state = opts.state_of(row[opts.status_field])
-        if state is not None:
-            counts[state] += row["n"]
-    expired = qs.filter(opts.status_q("processing"), locked_until__lt=DbNow()).count()
+    qs = as_claim_queryset(
+        queryset if queryset is not None else model._base_manager.using(db).all()
+    )
+    counts = qs.state_counts()
+    expired = qs.expired().count()
     oldest: float | None = None
     if opts.has("created_at") and counts.get("ready"):
-        ready = qs.filter(opts.status_q("ready"))
-        if opts.has("run_after"):
-            ready = ready.filter(Q(run_after__isnull=True) | Q(run_after__lte=DbNow()))
-        first = ready.aggregate(first=Min("created_at"))["first"]
+        first = qs.claimable().aggregate(first=Min("created_at"))["first"]
         if first is not None:
             oldest = max(0.0, (db_now(db) - first).total_seconds())
     done_last: dict[int, int | None] = {}
@@ -158,14 +204,12 @@ def model_stats(
 
 
 def live_workers(using: str | None = None) -> list[WorkerInfo]:
-    """Registered workers not stopped and heard from within ``TASKCLAIM_WORKER_SILENT_AFTER``."""
+    """Registered workers not stopped and heard from within :func:`silent_after` seconds
+    (:func:`live_worker_q`, database clock), ordered by id."""
     from .models import WorkerProcess
 
     db = using or router.db_for_read(WorkerProcess)
-    dead_after = float(taskclaim_settings.WORKER_SILENT_AFTER)
-    rows = WorkerProcess.objects.using(db).filter(
-        stopped_at__isnull=True, last_seen__gte=DbNow() - timedelta(seconds=dead_after)
-    )
+    rows = WorkerProcess.objects.using(db).filter(live_worker_q())
     now = db_now(db)
     return [
         WorkerInfo(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Self
 
@@ -18,7 +18,7 @@ from django.db import models
 from django.db.models import Count, F, Q, Value
 from django.db.models.functions import Coalesce, Concat
 
-from . import signals
+from . import lifecycle, signals
 from .db import DbNow, default_worker_id, in_user_atomic, retry_transient
 from .exceptions import ClaimInTransactionError, ConfigurationError
 from .options import ClaimOptions, get_options
@@ -28,6 +28,46 @@ if TYPE_CHECKING:
     from .reaper import ReapResult
 
 logger = logging.getLogger("django_taskclaim.claim")
+
+#: The key under which :meth:`ClaimQuerySetMixin.state_counts` counts rows whose stored
+#: status maps to no logical state (a value written outside the library).
+UNKNOWN_STATE = "unknown"
+
+
+# -- the rules every figure, filter and recovery shares ---------------------------------
+
+
+def lease_expired_q(opts: ClaimOptions) -> Q:
+    """The "lease expired" rule: ``processing`` rows whose ``locked_until`` is before the
+    database's ``now()`` (never the caller's clock).
+
+    Exactly the rows :func:`~django_taskclaim.reaper.reap` takes back; also the
+    ``expired()`` filter, the ``expired`` figures and the admin's lease filter and
+    "reap now" action. Usable on any queryset of the model and inside UPDATEs.
+    """
+    return opts.status_q("processing") & Q(locked_until__lt=DbNow())
+
+
+def lease_running_q(opts: ClaimOptions) -> Q:
+    """``processing`` rows whose lease has not expired by :func:`lease_expired_q`:
+    ``locked_until`` at or after the database's ``now()``."""
+    return opts.status_q("processing") & Q(locked_until__gte=DbNow())
+
+
+def lease_ended(locked_until: datetime, now: datetime) -> bool:
+    """:func:`lease_expired_q` for a value already read: whether a lease ending at
+    ``locked_until`` has expired at ``now``, which must be the database's clock (for
+    example the admin's per-row annotation of it)."""
+    return locked_until < now
+
+
+def as_claim_queryset(queryset: models.QuerySet) -> Any:
+    """``queryset`` itself when it has the claim methods, else the same query (same
+    filters, annotations and database) as a :class:`ClaimQuerySet`. For querysets from a
+    plain manager or ``_base_manager`` of a claimable model."""
+    if isinstance(queryset, ClaimQuerySetMixin):
+        return queryset
+    return ClaimQuerySet(model=queryset.model, query=queryset.query.chain(), using=queryset.db)
 
 
 def _positive_int(value: Any, name: str) -> int:
@@ -110,8 +150,9 @@ class ClaimQuerySetMixin(_QuerySetBase):
         return self.in_state("processing")
 
     def expired(self) -> Self:
-        """``processing`` rows whose lease ended before the database's ``now()``."""
-        return self.processing().filter(locked_until__lt=DbNow())
+        """``processing`` rows whose lease ended before the database's ``now()``: the
+        rows a reap takes back (:func:`lease_expired_q`)."""
+        return self._qs().filter(lease_expired_q(self.claim_options))  # type: ignore[return-value]
 
     def done(self) -> Self:
         return self.in_state("done")
@@ -227,13 +268,11 @@ class ClaimQuerySetMixin(_QuerySetBase):
         while it still carries the claimed token), in one round trip per 500 tasks.
         Result fields are not supported here: complete such tasks one by one.
         """
-        from .lifecycle import complete_many
-
         tasks = list(tasks)
         for t in tasks:
             if not isinstance(t, self.model):
                 raise TypeError(f"complete_many() got {t!r}, not a {self.model._meta.label}")
-        return complete_many(tasks)
+        return lifecycle.complete_many(tasks)
 
     # -- bulk operations (fenced by the state condition, token bumped) ---------------
     def _transition(
@@ -316,20 +355,28 @@ class ClaimQuerySetMixin(_QuerySetBase):
 
     def reap(self, **kwargs: Any) -> ReapResult:
         """Recover this queryset's expired leases; see :func:`django_taskclaim.reaper.reap`."""
-        from .reaper import reap_queryset
+        from .reaper import reap_queryset  # the reaper imports this module
 
         return reap_queryset(self._qs(), **kwargs)
 
-    def stats(self) -> dict[str, int]:
-        """Counts per logical state, plus ``expired`` (processing with a lapsed lease)."""
+    def state_counts(self) -> dict[str, int]:
+        """Rows of this queryset per logical state, in one ``GROUP BY`` query.
+
+        Every state the model maps is present (0 when no row has it); rows whose stored
+        status maps to no state are counted under :data:`UNKNOWN_STATE`, present only
+        when there are some. The values add up to the number of rows. The one count per
+        state behind ``stats()``, the dashboard, ``taskclaim_stats`` and the admin.
+        """
         opts = self.claim_options
         counts = {state: 0 for state, v in opts.statuses.items() if v is not None}
         for row in self._qs().order_by().values(opts.status_field).annotate(n=Count("pk")):
-            state = opts.state_of(row[opts.status_field])
-            if state is not None:
-                counts[state] += row["n"]
-        counts["expired"] = self.expired().count()
+            state = opts.state_of(row[opts.status_field]) or UNKNOWN_STATE
+            counts[state] = counts.get(state, 0) + row["n"]
         return counts
+
+    def stats(self) -> dict[str, int]:
+        """:meth:`state_counts` plus ``expired`` (processing with a lapsed lease)."""
+        return {**self.state_counts(), "expired": self.expired().count()}
 
 
 class ClaimQuerySet(ClaimQuerySetMixin, models.QuerySet):

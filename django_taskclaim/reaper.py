@@ -30,8 +30,10 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce, Concat
 
 from . import signals
+from .conf import taskclaim_settings
 from .db import DbNow, retry_transient
 from .options import claimable_models, get_options
+from .querysets import lease_expired_q
 
 logger = logging.getLogger("django_taskclaim.reaper")
 
@@ -66,22 +68,19 @@ def reap_queryset(
     reason: str | None = None,
 ) -> ReapResult:
     """Recover the stuck rows of ``qs``; see :func:`reap` and :func:`release_worker`."""
-    from .conf import taskclaim_settings
-
     opts = get_options(qs.model)
     using = qs.db
     batch = int(batch_size or taskclaim_settings.REAP_BATCH)
     if batch < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     holders = list(held_by) if held_by is not None else None
-    stuck = Q(opts.status_q("processing"))
     if holders is not None:
         if not opts.has("locked_by"):
             raise ValueError(f"{opts.label} has no locked_by field; cannot reap by holder")
-        stuck &= Q(locked_by__in=holders)
+        stuck = opts.status_q("processing") & Q(locked_by__in=holders)
         why = reason or "released from worker {}"
     else:
-        stuck &= Q(locked_until__lt=DbNow())
+        stuck = lease_expired_q(opts)
         why = reason or "lease expired; held by {}"
     if "{}" not in why:
         why += " (held by {})"

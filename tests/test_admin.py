@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from django.contrib import admin
 from django.contrib.auth.models import Permission
+from django.contrib.staticfiles import finders
 from django.db import connection, models
 from django.db.models.signals import post_init
 from django.test import Client
@@ -19,6 +20,9 @@ from django_taskclaim import ClaimLost
 from django_taskclaim.admin import ClaimableAdminMixin
 from django_taskclaim.db import DbNow
 from django_taskclaim.models import ClaimableMixin, ClaimFieldsMixin, Lease, WorkerProcess
+from django_taskclaim.monitoring import live_workers
+from django_taskclaim.querysets import lease_ended
+from django_taskclaim.worker import silent_workers
 from tests.testapp.admin import DocumentAdmin
 from tests.testapp.models import Document, Job
 
@@ -610,6 +614,106 @@ def test_break_lease_action_fences_the_holder(admin_client):
     other = LeaseLock("nightly-report", ttl=300, owner="host-b:202")
     assert other.acquire()
     assert other.token == token + 2
+
+
+# -- one rule per figure --------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_rows_with_an_unmapped_status_are_counted_alike_everywhere(admin_client):
+    """A stored status no state maps is "unknown" to stats(), the summary, the dashboard
+    and the action report alike, so each of their totals is the number of rows."""
+    make("failed", 2)
+    make("ready", 1)
+    (odd,) = make("ready", 1)
+    Document.objects.filter(pk=odd.pk).update(status="legacy")
+    assert states() == {
+        "ready": 1,
+        "processing": 0,
+        "done": 0,
+        "failed": 2,
+        "cancelled": 0,
+        "unknown": 1,
+        "expired": 0,
+    }
+    resp = admin_client.get(reverse(CHANGELIST))
+    summary = resp.context["taskclaim_summary"]["stats"]
+    assert (summary.counts["unknown"], summary.total) == (1, 4)
+    # shown, without a link to a filter that has no such choice
+    assert '<span class="taskclaim-summary-item" data-state="unknown" data-count="1">' in (
+        resp.content.decode()
+    )
+    rows = admin_client.get(reverse("admin:taskclaim_dashboard")).context["taskclaim_rows"]
+    assert {r["label"]: r["total"] for r in rows}["testapp.Document"] == 4
+    resp = run_action(admin_client, "taskclaim_retry_failed", select_across=True)
+    assert messages_of(resp) == [
+        "Retry failed: 2 done, 2 skipped (1 ready, 1 unknown: only failed tasks are retried)."
+    ]
+
+
+@pytest.mark.django_db
+def test_lease_column_says_expired_exactly_when_a_reap_would_take_the_row(rf, admin_user):
+    """A lease ending exactly at the database's now is still running for the reaper
+    (``locked_until < now``), the lease filter and the column alike."""
+    (held,) = make("processing")
+    model_admin = admin.site._registry[Document]
+    request = rf.get("/")
+    request.user = admin_user
+    row = model_admin.get_queryset(request).get(pk=held.pk)
+    now = row.taskclaim_db_now
+    row.locked_until = now
+    assert not lease_ended(row.locked_until, now)
+    assert model_admin.lease_remaining(row) == "0s"
+    row.locked_until = now - timedelta(microseconds=1)
+    assert lease_ended(row.locked_until, now)
+    assert "taskclaim-expired" in model_admin.lease_remaining(row)
+    Document.objects.filter(pk=held.pk).update(locked_until=DbNow() - timedelta(microseconds=1))
+    assert list(Document.objects.expired().values_list("pk", flat=True)) == [held.pk]
+
+
+@pytest.mark.django_db
+def test_live_and_silent_workers_are_one_rule(admin_client, workers):
+    """The dashboard's live workers, the registry's silent ones and the admin's filter
+    and badges split the workers that are not stopped the same way."""
+    assert [w.worker_id for w in live_workers()] == ["host-a:101"]
+    assert silent_workers() == ["host-b:202"]
+    url = reverse("admin:taskclaim_workerprocess_changelist")
+    for choice, expected in (
+        ("live", "host-a:101"),
+        ("silent", "host-b:202"),
+        ("stopped", "host-c:303"),
+    ):
+        resp = admin_client.get(f"{url}?alive={choice}")
+        assert [w.worker_id for w in resp.context["cl"].result_list] == [expected]
+        badge_state = {"live": "done", "silent": "failed", "stopped": "cancelled"}[choice]
+        assert f"taskclaim-badge taskclaim-{badge_state}" in resp.content.decode()
+
+
+STYLESHEET_HREF = 'href="/static/django_taskclaim/admin.css"'
+#: A tag of ours with a style attribute, or a <style> element styling our classes.
+INLINE_STYLE = re.compile(r"<[^>]*taskclaim[^>]*\sstyle=|<style[^>]*>[^<]*taskclaim")
+
+
+@pytest.mark.django_db
+def test_admin_pages_style_from_the_static_stylesheet_only(admin_client, workers):
+    """Every page of ours links the app's stylesheet once and carries no inline CSS (a
+    Content-Security-Policy without 'unsafe-inline' styles keeps the pages intact)."""
+    (failed,) = make("failed")
+    expire(*make("processing"))
+    Lease.objects.create(key="k", owner="o", locked_until=DbNow() + timedelta(minutes=5))
+    assert finders.find("django_taskclaim/admin.css")
+    for url in (
+        reverse(CHANGELIST),
+        reverse("admin:testapp_document_change", args=[failed.pk]),
+        reverse("admin:taskclaim_dashboard"),
+        reverse("admin:app_list", kwargs={"app_label": "taskclaim"}),
+        reverse("admin:taskclaim_workerprocess_changelist"),
+        reverse("admin:taskclaim_lease_changelist"),
+    ):
+        html = admin_client.get(url).content.decode()
+        assert html.count(STYLESHEET_HREF) == 1, url
+        assert "taskclaim-badge" in html or "taskclaim-queues" in html, url
+        assert not INLINE_STYLE.search(html), (url, INLINE_STYLE.search(html))
 
 
 # -- a custom status field name -------------------------------------------------------------

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 from datetime import timedelta
 from io import StringIO
 
@@ -12,6 +16,7 @@ from django.core.management import CommandError, call_command
 from django_taskclaim.db import DbNow
 from django_taskclaim.models import WorkerProcess
 from django_taskclaim.monitoring import prune
+from tests.helpers import child_env
 from tests.testapp.models import Document, Job
 
 
@@ -74,6 +79,52 @@ def test_stats_json_one_model():
     assert doc["oldest_ready_age"] is not None
     assert doc["oldest_ready_age"] >= 0
     assert data["workers"] == []
+
+
+@pytest.mark.django_db
+def test_stats_count_rows_with_an_unmapped_status_as_unknown():
+    """The counts per state add up to the total: a status no state maps is "unknown"."""
+    seed()
+    Document.objects.filter(title="d9").update(status="legacy")
+    data = json.loads(run("taskclaim_stats", "testapp.Document", "--json"))
+    (doc,) = data["models"]
+    assert doc["counts"] == {
+        "ready": 1,
+        "processing": 1,
+        "done": 5,
+        "failed": 1,
+        "cancelled": 1,
+        "unknown": 1,
+    }
+    assert doc["total"] == 10
+
+
+def test_stats_text_works_without_the_admin_app(transactional_db, tmp_path):
+    """``taskclaim_stats`` needs no ``django.contrib.admin`` in ``INSTALLED_APPS``."""
+    (tmp_path / "no_admin_settings.py").write_text(
+        textwrap.dedent(
+            """
+            from tests.settings import *
+            from tests.settings import INSTALLED_APPS as ALL_APPS
+
+            INSTALLED_APPS = [a for a in ALL_APPS if a != "django.contrib.admin"]
+            ROOT_URLCONF = "no_admin_settings"
+            urlpatterns = []
+            """
+        )
+    )
+    env = child_env(DJANGO_SETTINGS_MODULE="no_admin_settings")
+    env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env["PYTHONPATH"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "taskclaim_stats", "testapp.Document"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "testapp.Document" in proc.stdout
+    assert "live workers: 0" in proc.stdout
 
 
 @pytest.mark.django_db

@@ -116,6 +116,12 @@ def test_retry_failed_from_the_browser(live_server, django_user_model, browser_p
     assert summary_count(page, "failed") == 7
     assert summary_count(page, "ready") == 8
     assert page.locator("#result_list tbody tr").count() == 7
+    # the styles come from the static stylesheet, served and applied
+    badge = page.locator("#result_list .taskclaim-badge.taskclaim-failed").first
+    assert badge.evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(254, 226, 226)"
+    assert page.locator("#taskclaim-summary").evaluate("e => getComputedStyle(e).display") == (
+        "flex"
+    )
     page.screenshot(path=str(ARTIFACTS / "changelist-before.png"), full_page=True)
 
     page.check("#action-toggle")  # select every row on the page

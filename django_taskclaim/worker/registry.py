@@ -11,14 +11,14 @@ import logging
 import os
 import socket
 from collections.abc import Iterable
-from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, router
 from django.db.models import Model
 
-from ..conf import taskclaim_settings
 from ..db import DbNow
+from ..monitoring import live_worker_q, silent_worker_q
+from ..monitoring import silent_after as silent_after  # re-exported by the worker package
 from .dbconn import close, connection_trouble, one_line
 from .ledger import Ledger
 
@@ -34,13 +34,6 @@ def worker_model() -> type[Model]:
     return WorkerProcess
 
 
-def silent_after() -> float:
-    """Seconds of registry silence after which a worker is *shown* as silent
-    (``TASKCLAIM_WORKER_SILENT_AFTER``). Display only: silence is not death, and no row
-    is taken from a silent worker before its lease ends."""
-    return float(taskclaim_settings.WORKER_SILENT_AFTER)
-
-
 def silent_workers(*, using: str | None = None, exclude: Iterable[str] = ()) -> list[str]:
     """Ids of registered, not stopped workers not heard from for :func:`silent_after`
     seconds (database clock). For operators (stats, admin): a silent worker may be
@@ -50,7 +43,7 @@ def silent_workers(*, using: str | None = None, exclude: Iterable[str] = ()) -> 
     db = using or router.db_for_write(model)
     return list(
         model._default_manager.using(db)
-        .filter(stopped_at__isnull=True, last_seen__lt=DbNow() - timedelta(seconds=silent_after()))
+        .filter(silent_worker_q())
         .exclude(worker_id__in=list(exclude))
         .values_list("worker_id", flat=True)
     )
@@ -85,10 +78,7 @@ class Registry:
         }
         try:
             qs = self._rows()
-            prior = qs.filter(
-                stopped_at__isnull=True,
-                last_seen__gte=DbNow() - timedelta(seconds=silent_after()),
-            ).exists()
+            prior = qs.filter(live_worker_q()).exists()
             if prior:
                 logger.warning(
                     "worker id %s is registered as alive: another process may use the same "

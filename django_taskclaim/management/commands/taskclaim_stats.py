@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from django_taskclaim.exceptions import ConfigurationError
-from django_taskclaim.monitoring import Snapshot, snapshot
+from django_taskclaim.monitoring import Snapshot, humanize_seconds, snapshot
 from django_taskclaim.options import resolve_model
 from django_taskclaim.status import STATE_NAMES
 
@@ -44,8 +44,6 @@ class Command(BaseCommand):
 
 
 def _fmt_age(seconds: float | None) -> str:
-    from django_taskclaim.admin import humanize_seconds
-
     return "-" if seconds is None else humanize_seconds(seconds)
 
 

@@ -1,0 +1,141 @@
+"""The queue dashboard: every claimable model's figures and the live workers, limited to
+what the user may see (``admin:taskclaim_dashboard`` and the app's index page)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db import models
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, reverse
+from django.utils.translation import gettext_lazy as _
+
+from ..models import WorkerProcess
+from ..monitoring import ModelStats, db_now, live_workers, model_stats, silent_after
+from ..options import claimable_models
+from ..status import STATE_NAMES
+from .display import humanize_seconds, site_by_name, state_label
+from .filters import ClaimStatusFilter, LeaseFilter
+
+__all__ = ["dashboard_context", "dashboard_view"]
+
+
+def _can_see(request: HttpRequest, model: type[models.Model]) -> bool:
+    meta = model._meta
+    user = request.user
+    return any(
+        user.has_perm(f"{meta.app_label}.{action}_{meta.model_name}")
+        for action in ("view", "change")
+    )
+
+
+def _model_admin(site: admin.AdminSite, model: type[models.Model]) -> Any:
+    return site._registry.get(model)
+
+
+def _may_view(request: HttpRequest, site: admin.AdminSite, model: type[models.Model]) -> bool:
+    model_admin = _model_admin(site, model)
+    if model_admin is not None:
+        return bool(model_admin.has_view_or_change_permission(request))
+    return _can_see(request, model)
+
+
+def dashboard_context(request: HttpRequest, site: admin.AdminSite | None = None) -> dict[str, Any]:
+    """Figures shown on the dashboard, limited to what the user may see.
+
+    A model registered on ``site`` is shown when its ``ModelAdmin`` grants the view or
+    change permission, and its figures are computed over that admin's
+    ``get_queryset(request)``, so an admin that narrows its queryset (per tenant, per
+    owner) never shows counts of rows it hides. A claimable model not registered on
+    ``site`` is shown, over all its rows, to users with its view or change permission.
+    """
+    site = site or site_by_name(getattr(request, "current_app", None))
+    visible = sorted(
+        (m for m in claimable_models() if _may_view(request, site, m)),
+        key=lambda m: m._meta.label,
+    )
+    now = db_now()
+    rows = []
+    for model in visible:
+        model_admin = _model_admin(site, model)
+        url = ""
+        if model_admin is not None:
+            queryset = model_admin.get_queryset(request)
+            stats = model_stats(model, using=queryset.db, queryset=queryset)
+            try:
+                url = reverse(
+                    f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist",
+                    current_app=site.name,
+                )
+            except NoReverseMatch:
+                url = ""
+        else:
+            stats = model_stats(model)
+        rows.append(_dashboard_row(stats, url))
+    can_see_workers = _can_see(request, WorkerProcess)
+    workers = [
+        {**w.as_dict(), "seen_ago_text": humanize_seconds(w.seen_ago)}
+        for w in (live_workers() if can_see_workers else [])
+    ]
+    try:
+        workers_url = reverse("admin:taskclaim_workerprocess_changelist", current_app=site.name)
+    except NoReverseMatch:
+        workers_url = ""
+    return {
+        "taskclaim_states": [(s, state_label(s)) for s in STATE_NAMES],
+        "taskclaim_rows": rows,
+        "taskclaim_workers": workers,
+        "taskclaim_can_see_workers": can_see_workers,
+        "taskclaim_workers_url": workers_url,
+        "taskclaim_now": now,
+        "taskclaim_dead_after": silent_after(),
+    }
+
+
+def _dashboard_row(stats: ModelStats, url: str) -> dict[str, Any]:
+    cells = []
+    for state in STATE_NAMES:
+        n = stats.counts.get(state)
+        cells.append(
+            {
+                "state": state,
+                "count": n,
+                "url": f"{url}?{ClaimStatusFilter.parameter_name}={state}" if url else "",
+            }
+        )
+    return {
+        "label": stats.label,
+        "name": stats.verbose_name,
+        "url": url,
+        "cells": cells,
+        "total": stats.total,
+        "expired": stats.expired,
+        "expired_url": f"{url}?{LeaseFilter.parameter_name}=expired" if url else "",
+        "oldest_ready": humanize_seconds(stats.oldest_ready_age)
+        if stats.oldest_ready_age is not None
+        else "—",
+        "done_5": stats.done_last.get(5),
+        "done_60": stats.done_last.get(60),
+    }
+
+
+def dashboard_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
+    """The dashboard page: every claimable model's queue figures and the live workers."""
+    context = {
+        **site.each_context(request),
+        **dashboard_context(request, site),
+        "title": _("Task queues"),
+        "refresh": _refresh_seconds(request),
+    }
+    request.current_app = site.name
+    return TemplateResponse(request, "django_taskclaim/admin/dashboard.html", context)
+
+
+def _refresh_seconds(request: HttpRequest) -> int | None:
+    try:
+        value = int(request.GET.get("refresh", ""))
+    except ValueError:
+        return None
+    return min(max(value, 2), 3600)

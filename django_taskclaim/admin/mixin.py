@@ -1,0 +1,298 @@
+"""``ClaimableAdminMixin``: the claim columns, filters, read-only claim state, the
+per-status summary and the actions on the admin of a claimable model of yours."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.db import models
+from django.http import HttpRequest, HttpResponse
+from django.urls import NoReverseMatch, reverse
+from django.utils.html import format_html
+from django.utils.text import Truncator
+from django.utils.translation import gettext_lazy as _
+
+from ..db import DbNow
+from ..monitoring import model_stats
+from ..options import get_options
+from ..querysets import UNKNOWN_STATE, lease_ended
+from .actions import ClaimActionsMixin
+from .display import (
+    NOW_ANNOTATION,
+    STYLESHEET,
+    annotated_now,
+    badge,
+    humanize_seconds,
+    state_label,
+)
+from .filters import ClaimStatusFilter, ErrorFilter, LeaseFilter
+
+__all__ = [
+    "CLAIM_COLUMNS",
+    "DEFAULT_STATUS_ORDERING",
+    "READONLY_CLAIM_FIELDS",
+    "ClaimableAdminMixin",
+]
+
+#: Ordering declared on ``status_badge``; each admin instance replaces it with the
+#: model's ``ClaimMeta.status_field``.
+DEFAULT_STATUS_ORDERING = "status"
+
+#: Names of the columns the mixin adds to ``list_display``.
+CLAIM_COLUMNS = (
+    "status_badge",
+    "attempts",
+    "holder",
+    "lease_remaining",
+    "scheduled",
+    "short_error",
+)
+#: Claim bookkeeping shown read-only on the change form (when the model has them).
+READONLY_CLAIM_FIELDS = (
+    "status_badge",
+    "version",
+    "attempts",
+    "locked_by",
+    "locked_until",
+    "lease_remaining",
+    "created_at",
+    "finished_at",
+    "error_details",
+)
+
+
+class ClaimableAdminMixin(ClaimActionsMixin):
+    """Mix into the ``ModelAdmin`` of a claimable model (put it before ``ModelAdmin``).
+
+    Guarantees: claim bookkeeping (status, token, lease, holder, attempts, timestamps,
+    last error) is read-only on the change form — a plain ``save()`` never writes it, so
+    an editable status would silently not be saved; every action requires the change
+    permission, changes only the rows where it is legal with a state-conditioned UPDATE
+    that bumps the claim token (fencing any worker holding the row), processes "select
+    all" in batches of ``claim_action_batch_size`` primary keys without loading rows,
+    and reports "N done, M skipped (why)".
+    """
+
+    #: Show the per-status summary above the changelist.
+    claim_summary: bool = True
+    #: Columns appended to ``list_display`` unless it already names one of them.
+    claim_list_display: tuple[str, ...] = CLAIM_COLUMNS
+    change_list_template = "django_taskclaim/admin/change_list.html"
+
+    # These come from ModelAdmin at runtime.
+    admin_site: admin.AdminSite
+    actions: Any
+    list_display: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.actions is not None:
+            opts = get_options(self.model)
+            ours = [
+                name
+                for name in self.claim_action_names
+                if name != "taskclaim_cancel" or opts.statuses.get("cancelled") is not None
+            ]
+            self.actions = [*list(self.actions), *(n for n in ours if n not in self.actions)]
+        self._order_status_badge_by_status_field()
+
+    def _order_status_badge_by_status_field(self) -> None:
+        """Make the status column sort by the model's own status field.
+
+        ``@admin.display(ordering=...)`` is fixed when the class is defined, but the status
+        field is per model (``ClaimMeta.status_field``): a model whose status lives in
+        ``state`` would sort by a ``status`` it does not have (a 500). This instance gets
+        its own ``status_badge`` ordered by the real field, unless a subclass chose an
+        ordering of its own.
+        """
+        field = self.claim_options.status_field
+        method = self.status_badge
+        current = getattr(method, "admin_order_field", None)
+        if current == field or current not in (None, DEFAULT_STATUS_ORDERING):
+            return
+
+        @functools.wraps(method)
+        def status_badge(obj: Any) -> str:
+            return method(obj)
+
+        status_badge.admin_order_field = field  # type: ignore[attr-defined]
+        self.status_badge = status_badge  # type: ignore[method-assign]
+
+    @property
+    def media(self) -> forms.Media:
+        """The admin's media plus the app's stylesheet (badges, summary), on the
+        changelist and the change form alike."""
+        return super().media + forms.Media(css={"all": [STYLESHEET]})  # type: ignore[misc]
+
+    # -- querysets / columns --------------------------------------------------------
+    def get_queryset(self, request: HttpRequest) -> models.QuerySet:
+        """The admin queryset, annotated with the database's ``now()`` for lease columns."""
+        qs = super().get_queryset(request)  # type: ignore[misc]
+        return qs.annotate(**{NOW_ANNOTATION: DbNow()})
+
+    def _has(self, name: str) -> bool:
+        need_of = {
+            "status_badge": "status",
+            "attempts": "attempts",
+            "short_error": "last_error",
+            "holder": "locked_by",
+            "lease_remaining": "locked_until",
+            "scheduled": "run_after",
+        }
+        if name in need_of:
+            need = need_of[name]
+            return need == "status" or self.claim_options.has(need)
+        if name == "error_details":
+            return self.claim_options.has("last_error")
+        return self.claim_options.has(name) or name == "version"
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        """The model's ``list_display`` plus the claim columns the model supports."""
+        base = list(super().get_list_display(request))  # type: ignore[misc]
+        if any(c in base for c in CLAIM_COLUMNS):
+            return base
+        return base + [c for c in self.claim_list_display if self._has(c)]
+
+    def get_list_filter(self, request: HttpRequest) -> Any:
+        """Status, lease and error filters first, then the model's own."""
+        ours: list[Any] = [ClaimStatusFilter, LeaseFilter]
+        if self.claim_options.has("last_error"):
+            ours.append(ErrorFilter)
+        return ours + list(super().get_list_filter(request))  # type: ignore[misc]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The model's read-only fields plus the status and the claim bookkeeping."""
+        base = list(super().get_readonly_fields(request, obj))  # type: ignore[misc]
+        opts = self.claim_options
+        extra = [f for f in READONLY_CLAIM_FIELDS if self._has(f)]
+        # The status column and last_error must not be form fields: save() skips them.
+        extra += [opts.status_field]
+        if opts.has("last_error"):
+            extra.append("last_error")
+        return base + [f for f in extra if f not in base]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """Default field list with the raw status / last_error replaced by their displays."""
+        fields = list(super().get_fields(request, obj))  # type: ignore[misc]
+        if getattr(self, "fields", None):
+            return fields
+        hidden = {self.claim_options.status_field, "last_error"}
+        return [f for f in fields if f not in hidden]
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """Without declared ``fieldsets``: the row's own fields, then a "Task" section."""
+        if getattr(self, "fieldsets", None):
+            return super().get_fieldsets(request, obj)  # type: ignore[misc]
+        fields = list(self.get_fields(request, obj))
+        task_fields = set(READONLY_CLAIM_FIELDS) | {"run_after", "priority"}
+        own = [f for f in fields if f not in task_fields]
+        task = [f for f in fields if f in task_fields]
+        sets: list[tuple[Any, dict[str, Any]]] = [(None, {"fields": own})]
+        if task:
+            sets.append((_("Task"), {"fields": task}))
+        return sets
+
+    def _state(self, obj: Any) -> str | None:
+        opts = self.claim_options
+        return opts.state_of(getattr(obj, opts.status_field))
+
+    @admin.display(description=_("status"), ordering=DEFAULT_STATUS_ORDERING)
+    def status_badge(self, obj: Any) -> str:
+        """Coloured badge of the row's logical state."""
+        return badge(self._state(obj))
+
+    @admin.display(description=_("held by"))
+    def holder(self, obj: Any) -> str:
+        """The worker holding a ``processing`` row, else a dash."""
+        if self._state(obj) != "processing":
+            return "—"
+        return obj.locked_by or "?"
+
+    @admin.display(description=_("lease"), ordering="locked_until")
+    def lease_remaining(self, obj: Any) -> str:
+        """Time left on a ``processing`` row's lease, or "expired" exactly when a reap
+        would take the row back (both by the database clock)."""
+        if self._state(obj) != "processing" or not obj.locked_until:
+            return "—"
+        now = annotated_now(obj)
+        left = (obj.locked_until - now).total_seconds()
+        if lease_ended(obj.locked_until, now):
+            return format_html(
+                '<span class="taskclaim-expired">{}</span> <small class="taskclaim-ago">{}</small>',
+                _("expired"),
+                _("%(age)s ago") % {"age": humanize_seconds(-left)},
+            )
+        return humanize_seconds(left)
+
+    @admin.display(description=_("run after"), ordering="run_after")
+    def scheduled(self, obj: Any) -> str:
+        """For a ready row deferred by ``run_after``: how long until it may run."""
+        if self._state(obj) != "ready" or not obj.run_after:
+            return "—"
+        wait = (obj.run_after - annotated_now(obj)).total_seconds()
+        if wait <= 0:
+            return str(_("due"))
+        return _("in %(wait)s") % {"wait": humanize_seconds(wait)}
+
+    @admin.display(description=_("last error"))
+    def short_error(self, obj: Any) -> str:
+        """The last meaningful line of ``last_error``, shortened; full text as a tooltip."""
+        text = (getattr(obj, "last_error", "") or "").strip()
+        if not text:
+            return "—"
+        line = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip()), text)
+        head, sep, rest = line.partition(": ")
+        if sep and "." in head and " " not in head:  # "pkg.module.SomeError: msg"
+            line = f"{head.rsplit('.', 1)[1]}: {rest}"
+        return format_html(
+            '<span title="{}">{}</span>', Truncator(text).chars(500), Truncator(line).chars(60)
+        )
+
+    @admin.display(description=_("last error"))
+    def error_details(self, obj: Any) -> str:
+        """The full ``last_error`` (tracebacks keep their layout)."""
+        text = getattr(obj, "last_error", "") or ""
+        if not text:
+            return "—"
+        return format_html('<pre class="taskclaim-error">{}</pre>', text)
+
+    # -- changelist summary ---------------------------------------------------------
+    def claim_summary_context(self, request: HttpRequest) -> dict[str, Any]:
+        """Counts per state (of what this admin's queryset can see) for the summary bar;
+        rows with a status no state maps are shown as ``unknown``, without a filter link."""
+        stats = model_stats(self.model, queryset=self.get_queryset(request))
+        items = [
+            {
+                "state": state,
+                "label": state_label(state),
+                "count": n,
+                "badge": badge(state, f"{state_label(state)} {n}"),
+                "query": ""
+                if state == UNKNOWN_STATE
+                else f"?{ClaimStatusFilter.parameter_name}={state}",
+            }
+            for state, n in stats.counts.items()
+        ]
+        try:
+            dashboard_url = reverse("admin:taskclaim_dashboard", current_app=self.admin_site.name)
+        except NoReverseMatch:
+            dashboard_url = ""
+        return {
+            "stats": stats,
+            "items": items,
+            "expired_query": f"?{LeaseFilter.parameter_name}=expired",
+            "oldest_ready": humanize_seconds(stats.oldest_ready_age)
+            if stats.oldest_ready_age is not None
+            else "",
+            "dashboard_url": dashboard_url,
+        }
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        """The changelist, with the per-status summary in ``taskclaim_summary``."""
+        extra_context = dict(extra_context or {})
+        if self.claim_summary and request.method == "GET":
+            extra_context["taskclaim_summary"] = self.claim_summary_context(request)
+        return super().changelist_view(request, extra_context)  # type: ignore[misc]

@@ -1,0 +1,163 @@
+"""The admin of the app's own models: the worker registry and the lease locks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db import models
+from django.db.models import F
+from django.http import HttpRequest, HttpResponse
+from django.urls import path
+from django.utils.translation import gettext_lazy as _
+
+from ..db import DbNow
+from ..models import Lease, WorkerProcess
+from ..monitoring import heard_from_recently, live_worker_q, silent_worker_q
+from .dashboard import dashboard_view
+from .display import NOW_ANNOTATION, STYLESHEET, annotated_now, badge, humanize_seconds
+
+__all__ = ["LeaseAdmin", "ReadOnlyAdminMixin", "WorkerProcessAdmin"]
+
+
+class ReadOnlyAdminMixin:
+    """Rows written only by the library: viewable and deletable, never edited by hand."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Never: the library writes these rows."""
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Never: the library writes these rows."""
+        return False
+
+
+class _AliveFilter(admin.SimpleListFilter):
+    title = _("state")
+    parameter_name = "alive"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [
+            ("live", _("live")),
+            ("silent", _("silent (presumed dead)")),
+            ("stopped", _("stopped")),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: models.QuerySet) -> models.QuerySet:
+        if self.value() == "live":
+            return queryset.filter(live_worker_q())
+        if self.value() == "silent":
+            return queryset.filter(silent_worker_q())
+        if self.value() == "stopped":
+            return queryset.filter(stopped_at__isnull=False)
+        return queryset
+
+
+@admin.register(WorkerProcess)
+class WorkerProcessAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """The worker registry; also serves the dashboard page."""
+
+    list_display = (
+        "worker_id",
+        "state_badge",
+        "hostname",
+        "pid",
+        "concurrency",
+        "in_flight",
+        "processed",
+        "seen",
+        "started_at",
+    )
+    list_filter = (_AliveFilter, "hostname")
+    search_fields = ("worker_id", "hostname")
+
+    class Media:
+        css = {"all": [STYLESHEET]}
+
+    def get_queryset(self, request: HttpRequest) -> models.QuerySet:
+        """The registry rows, annotated with the database's ``now()``."""
+        return super().get_queryset(request).annotate(**{NOW_ANNOTATION: DbNow()})
+
+    def get_urls(self) -> list[Any]:
+        """Adds ``dashboard/`` (``admin:taskclaim_dashboard``) in front of the usual URLs."""
+        view = self.admin_site.admin_view(self.dashboard)
+        return [path("dashboard/", view, name="taskclaim_dashboard"), *super().get_urls()]
+
+    def dashboard(self, request: HttpRequest) -> HttpResponse:
+        """The dashboard page (staff only; shows the models the user may view)."""
+        return dashboard_view(request, self.admin_site)
+
+    @admin.display(description=_("state"))
+    def state_badge(self, obj: WorkerProcess) -> str:
+        """live / silent / stopped, judged by the database clock as the filter judges it."""
+        if obj.stopped_at is not None:
+            return badge("cancelled", _("stopped"))
+        if not heard_from_recently(obj.last_seen, annotated_now(obj)):
+            return badge("failed", _("silent"))
+        return badge("done", _("live"))
+
+    @admin.display(description=_("last heartbeat"), ordering="last_seen")
+    def seen(self, obj: WorkerProcess) -> str:
+        """How long ago the worker's last heartbeat was."""
+        age = (annotated_now(obj) - obj.last_seen).total_seconds()
+        return _("%(age)s ago") % {"age": humanize_seconds(age)}
+
+
+@admin.register(Lease)
+class LeaseAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Lease locks: who holds which key until when, and a fenced "break" action.
+
+    Rows are never edited or deleted by hand: deleting one would restart its fencing
+    token at 1, so tokens would no longer grow. Breaking a lease expires it and bumps the
+    token in one UPDATE, so the holder's renew / release fail and the next acquirer wins.
+    """
+
+    list_display = ("key", "owner", "held", "token", "locked_until", "acquired_at")
+    search_fields = ("key", "owner")
+    actions = ["break_leases"]
+
+    class Media:
+        css = {"all": [STYLESHEET]}
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Never: a deleted row would restart its key's fencing token at 1."""
+        return False
+
+    def has_break_permission(self, request: HttpRequest) -> bool:
+        """Breaking a lease needs the model's change permission."""
+        return bool(request.user.has_perm("taskclaim.change_lease"))
+
+    @admin.action(
+        description=_("Break selected leases (expire now; the holder is fenced)"),
+        permissions=("break",),
+    )
+    def break_leases(self, request: HttpRequest, queryset: models.QuerySet) -> None:
+        """Expire the selected leases that are still held and bump their tokens."""
+        if not self.has_break_permission(request):
+            raise PermissionDenied
+        total = queryset.count()
+        held = queryset.filter(locked_until__gt=DbNow())
+        pks = list(held.values_list("pk", flat=True)[:10_000])
+        done = Lease.objects.filter(pk__in=pks, locked_until__gt=DbNow()).update(
+            locked_until=DbNow(), token=F("token") + 1
+        )
+        text = _("Break leases: %(done)s done, %(skipped)s skipped") % {
+            "done": done,
+            "skipped": total - done,
+        }
+        if total - done:
+            text += " (" + str(_("already expired")) + ")"
+        self.message_user(request, text + ".", messages.SUCCESS if done else messages.WARNING)
+
+    def get_queryset(self, request: HttpRequest) -> models.QuerySet:
+        """The lease rows, annotated with the database's ``now()``."""
+        return super().get_queryset(request).annotate(**{NOW_ANNOTATION: DbNow()})
+
+    @admin.display(description=_("held"))
+    def held(self, obj: Lease) -> str:
+        """Held with time left, or expired (database clock)."""
+        left = (obj.locked_until - annotated_now(obj)).total_seconds()
+        if left <= 0:
+            return badge("cancelled", _("expired"))
+        return badge("processing", humanize_seconds(left))
