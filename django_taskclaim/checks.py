@@ -25,6 +25,7 @@ from django.core import checks
 from django.db import connections, router
 
 from . import bounds
+from .backends import for_engine
 from .conf import CHECK_TAG, PREFIX, taskclaim_settings
 from .exceptions import TaskClaimError
 from .options import claimable_models, get_options
@@ -59,7 +60,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             )
         )
     for alias, conf in settings.DATABASES.items():
-        if conf.get("ENGINE", "").endswith("sqlite3"):
+        backend = for_engine(conf)
+        if backend is not None and backend.one_writer_at_a_time:
             mode_ = (conf.get("OPTIONS") or {}).get("transaction_mode")
             if str(mode_).upper() != "IMMEDIATE":
                 errors.append(

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import DatabaseError, connections
 from django.db.models.functions import Now
 
-from .backends import for_alias
+from .backends import for_alias, for_connection
 from .conf import taskclaim_settings
 
 logger = logging.getLogger("django_taskclaim.db")
@@ -37,14 +37,13 @@ NOW_SQL = {
 
 
 def now_sql(connection: Any) -> str:
-    """The SQL of the database clock on ``connection`` (see :data:`NOW_SQL`).
+    """The SQL of the database clock on ``connection`` (the vendor's
+    :meth:`~django_taskclaim.backends.base.DatabaseSQL.now_sql`).
 
     For raw SQL: ``%`` is not escaped here; on SQLite double it when the string goes
     through a DB-API ``execute`` with parameters.
     """
-    if connection.vendor == "mysql" and not settings.USE_TZ:
-        return "CURRENT_TIMESTAMP(6)"  # naive datetimes are stored in the session's zone
-    return NOW_SQL.get(connection.vendor, "CURRENT_TIMESTAMP")
+    return for_connection(connection).now_sql(use_tz=settings.USE_TZ)
 
 
 class DbNow(Now):

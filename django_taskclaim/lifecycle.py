@@ -23,10 +23,11 @@ from django.db.models import F
 from django.db.models.expressions import Combinable, RawSQL
 
 from . import signals
+from .backends import for_alias
 from .db import DbNow, retry_transient
 from .exceptions import ClaimLost, ConfigurationError, Fail, Retry
 from .options import CLAIM_STATE_FIELDS, ClaimOptions, get_options
-from .strategies import pg_complete_many, validate_lease
+from .strategies import complete_many_in_one, validate_lease
 from .types import Claimable, model_of
 
 logger = logging.getLogger("django_taskclaim.lifecycle")
@@ -262,12 +263,12 @@ def _complete_chunk(model: type[models.Model], using: str, tasks: list[Any]) -> 
     # Deferred result fields: plain values, checked by run_task when it deferred them.
     results = {pk: f for pk, (f, _a) in pending.items()}
     if (
-        connections[using].vendor == "postgresql"
+        for_alias(using).completes_from_arrays
         and len({tuple(sorted(f)) for f in results.values()}) == 1  # the usual: one handler
     ):
 
         def write() -> int:
-            return pg_complete_many(model, using, opts, tokens, results)
+            return complete_many_in_one(model, using, opts, tokens, results)
     else:
         values.update(_per_row_values(model, tasks, results, using))
         target = (

@@ -25,6 +25,7 @@ from typing import Any
 from django.db import connections, models, router, transaction
 from django.db.models.signals import post_save
 
+from .backends import for_alias, for_connection
 from .conf import taskclaim_settings
 from .options import get_options, is_claimable
 
@@ -61,7 +62,7 @@ def notify(model: type[models.Model], using: str | None = None) -> bool:
         model = model._meta.concrete_model  # type: ignore[assignment]
     using = using or router.db_for_write(model)
     conn = connections[using]
-    if conn.vendor != "postgresql" or not _enabled(model):
+    if not for_connection(conn).supports_notify or not _enabled(model):
         return False
     label = model._meta.label
     # One callback per model and transaction: look for ours among the pending ones.
@@ -71,8 +72,9 @@ def notify(model: type[models.Model], using: str | None = None) -> bool:
 
     def send() -> None:
         try:
+            statement = for_alias(using).notify(_channel(), label)
             with connections[using].cursor() as cursor:
-                cursor.execute("SELECT pg_notify(%s, %s)", [_channel(), label])
+                cursor.execute(statement.sql, statement.params)
         except Exception as exc:  # a lost hint only delays the task until the next poll
             logger.warning("notify failed model=%s database=%s error=%s", label, using, exc)
 
@@ -162,7 +164,8 @@ class Listener(threading.Thread):
         kwargs = {k: v for k, v in params.items() if k in _SAFE_PARAMS}
         kwargs.setdefault("application_name", "taskclaim-listener")
         conn = psycopg.connect(autocommit=True, **kwargs)
-        conn.execute(f"LISTEN {connections[self.using].ops.quote_name(_channel())}")
+        django_conn = connections[self.using]
+        conn.execute(for_connection(django_conn).listen_sql(django_conn.ops.quote_name(_channel())))
         return conn
 
     def run(self) -> None:
@@ -210,7 +213,7 @@ class Listener(threading.Thread):
                     return
             if time.monotonic() - last_check > 30:
                 # Detects a half-open connection that would otherwise wait forever.
-                self._conn.execute("SELECT 1")
+                self._conn.execute(for_alias(self.using).ping_sql)
                 last_check = time.monotonic()
 
 

@@ -12,12 +12,13 @@ import random
 import zlib
 from datetime import timedelta
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, models, transaction
 from django.db.models import F, Q, sql
 
 from . import bounds
+from .backends import ClaimColumns, PostgreSQL, Statement, for_alias, for_connection
 from .conf import taskclaim_settings
 from .db import DbNow
 from .exceptions import ConfigurationError, StrategyNotSupportedError
@@ -30,14 +31,15 @@ class Strategy:
     """Base class: ``claim(qs, n, ...)`` returns the claimed instances, FIFO-ordered."""
 
     name = ""
-    #: vendors supporting the strategy; None = every vendor Django supports
-    vendors: frozenset[str] | None = None
     #: "hold" runs inside the caller's transaction; the others refuse one
     needs_caller_atomic = False
 
     def supported(self, using: str) -> bool:
+        """Whether this strategy works on the database ``using`` (its vendor's
+        :attr:`~django_taskclaim.backends.base.DatabaseSQL.claim_strategies`, and the
+        driver features it needs)."""
         conn = connections[using]
-        if self.vendors is not None and conn.vendor not in self.vendors:
+        if self.name not in for_connection(conn).claim_strategies:
             return False
         return self._features_ok(conn)
 
@@ -177,7 +179,24 @@ def _instances(model: type[models.Model], using: str, rows: list[tuple[Any, ...]
     return out
 
 
-def _pg_update_returning(
+def claim_columns(model: type[models.Model], opts: ClaimOptions, conn: Any) -> ClaimColumns:
+    """The model's table and claim columns quoted for ``conn`` (``db_column`` honoured)."""
+    qn = conn.ops.quote_name
+    table = qn(model._meta.db_table)
+    return ClaimColumns(
+        table=table,
+        pk=column(model, "pk", qn),
+        status=qn(opts.status_column),
+        version=column(model, "version", qn),
+        attempts=column(model, "attempts", qn),
+        locked_until=column(model, "locked_until", qn),
+        locked_by=column(model, "locked_by", qn) if opts.has("locked_by") else None,
+        finished_at=column(model, "finished_at", qn) if opts.has("finished_at") else None,
+        returning=", ".join(f"{table}.{qn(f.column)}" for f in model._meta.concrete_fields),
+    )
+
+
+def _claim_returning(
     qs: models.QuerySet,
     candidates_sql: str,
     candidates_params: tuple[Any, ...],
@@ -186,46 +205,20 @@ def _pg_update_returning(
     lease: float,
     worker: str,
 ) -> list[models.Model]:
-    """``WITH c AS MATERIALIZED (<candidates>) UPDATE … FROM c … RETURNING *`` on PostgreSQL.
-
-    One statement, one round trip. The candidates live in a materialized CTE so they
-    are computed exactly once: written as ``pk IN (SELECT … LIMIT n FOR UPDATE SKIP
-    LOCKED)`` the planner may pick a nested-loop semi-join that re-runs the subquery
-    per outer row, and each re-run skips the rows this very statement already updated
-    and returns *new* ones — claiming more than ``n`` rows. Re-checking ``status`` in
-    the UPDATE keeps the claim safe even when the candidates took no row lock
-    (PostgreSQL re-evaluates the condition on the newest row version).
-    """
+    """Claim the candidates in one statement (the vendor's
+    :meth:`~django_taskclaim.backends.base.DatabaseSQL.claim`) and build the instances."""
     model = qs.model
     conn = connections[qs.db]
-    qn = conn.ops.quote_name
-    table = qn(model._meta.db_table)
-    pk = qn(model._meta.pk.column)
-    status = qn(opts.status_column)
-    version, attempts, until = (
-        column(model, f, qn) for f in ("version", "attempts", "locked_until")
+    statement = for_connection(conn).claim(
+        claim_columns(model, opts, conn),
+        Statement(candidates_sql, candidates_params),
+        processing=opts.value("processing"),
+        ready=opts.value("ready"),
+        lease=lease,
+        worker=worker,
     )
-    c = qn("taskclaim_c")
-    sets = [
-        f"{status} = %s",
-        f"{version} = {table}.{version} + 1",
-        f"{attempts} = {table}.{attempts} + 1",
-        f"{until} = STATEMENT_TIMESTAMP() + %s * INTERVAL '1 second'",
-    ]
-    params: list[Any] = [opts.value("processing"), lease]
-    if opts.has("locked_by"):
-        sets.append(f"{column(model, 'locked_by', qn)} = %s")
-        params.append(worker)
-    returning = ", ".join(f"{table}.{qn(f.column)}" for f in model._meta.concrete_fields)
-    sql = (
-        f"WITH {c}({qn('pk')}, {qn('prev')}) AS MATERIALIZED ({candidates_sql}) "
-        f"UPDATE {table} SET {', '.join(sets)} FROM {c} "
-        f"WHERE {table}.{pk} = {c}.{qn('pk')} AND {table}.{status} = %s "
-        f"RETURNING {returning}, {c}.{qn('prev')} IS NOT NULL"
-    )
-    params = [*candidates_params, *params, opts.value("ready")]
     with conn.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(statement.sql, statement.params)
         fetched = cursor.fetchall()
     recovered = [row[-1] for row in fetched]
     tasks = _instances(model, qs.db, [row[:-1] for row in fetched])
@@ -246,22 +239,23 @@ def column(model: type[models.Model], name: str, qn: Any) -> str:
 _COMPLETE_SQL: dict[tuple[type[models.Model], str, tuple[str, ...]], str] = {}
 
 
-def pg_complete_many(
+def complete_many_in_one(
     model: type[models.Model],
     using: str,
     opts: ClaimOptions,
     tokens: dict[Any, int],
     results: dict[Any, dict[str, Any]] | None = None,
 ) -> int:
-    """PostgreSQL: complete the rows of ``tokens`` (pk → claimed version) in one fenced
-    ``UPDATE … FROM unnest(pks, tokens[, one array per result field])``; return how many
-    rows it wrote.
+    """Complete the rows of ``tokens`` (pk → claimed version) in one fenced UPDATE from
+    per-row arrays (the vendor's
+    :meth:`~django_taskclaim.backends.base.DatabaseSQL.complete_many_sql`, where
+    :attr:`~django_taskclaim.backends.base.DatabaseSQL.completes_from_arrays`); return how
+    many rows it wrote.
 
-    One array parameter per column instead of a ``(pk, version) IN (…)`` list: the
-    statement text is the same for every batch (compiled once) and no per-row parameter
-    is formatted, which halves the cost of acknowledging a batch of 100. ``results``
-    (pk → result fields; every row the same field names, plain values) are written in the
-    same statement, each row its own values.
+    The statement text is the same for every batch (built once per model and result
+    fields) and no per-row parameter is formatted, which halves the cost of acknowledging
+    a batch of 100. ``results`` (pk → result fields; every row the same field names,
+    plain values) are written in the same statement, each row its own values.
     """
     conn = connections[using]
     pk_field = model._meta.pk
@@ -272,31 +266,16 @@ def pg_complete_many(
     sql = _COMPLETE_SQL.get(key)
     if sql is None:
         qn = conn.ops.quote_name
-        table = qn(model._meta.db_table)
-
-        pk, version = column(model, "pk", qn), column(model, "version", qn)
-        status = qn(opts.status_column)
-        t = qn("taskclaim_t")
-        sets = [f"{status} = %s", f"{version} = {table}.{version} + 1"]
-        sets.append(f"{column(model, 'locked_until', qn)} = NULL")
-        if opts.has("finished_at"):
-            sets.append(f"{column(model, 'finished_at', qn)} = STATEMENT_TIMESTAMP()")
-        version_type = model._meta.get_field("version").cast_db_type(conn)  # type: ignore[union-attr]
-        arrays = [f"%s::{pk_field.cast_db_type(conn)}[]", f"%s::{version_type}[]"]
-        aliases = [qn("pk"), qn("token")]
-        for i, name in enumerate(names):
-            field = model._meta.get_field(name)
-            alias = qn(f"r{i}")
-            sets.append(f"{column(model, name, qn)} = {t}.{alias}")
-            arrays.append(f"%s::{field.cast_db_type(conn)}[]")  # type: ignore[union-attr]
-            aliases.append(alias)
-        sql = (
-            f"UPDATE {table} SET {', '.join(sets)} "
-            f"FROM unnest({', '.join(arrays)}) AS {t}({', '.join(aliases)}) "
-            f"WHERE {table}.{pk} = {t}.{qn('pk')} AND {table}.{version} = {t}.{qn('token')} "
-            f"AND {table}.{status} = %s"
+        version_field = model._meta.get_field("version")
+        sql = _COMPLETE_SQL[key] = for_connection(conn).complete_many_sql(
+            claim_columns(model, opts, conn),
+            pk_type=str(pk_field.cast_db_type(conn)),
+            version_type=str(version_field.cast_db_type(conn)),  # type: ignore[union-attr]
+            results=[
+                (column(model, name, qn), str(model._meta.get_field(name).cast_db_type(conn)))  # type: ignore[union-attr]
+                for name in names
+            ],
         )
-        _COMPLETE_SQL[key] = sql
     pks = [pk_field.get_db_prep_value(pk, conn) for pk in tokens]
     columns: list[list[Any]] = []
     for name in names:
@@ -315,7 +294,8 @@ def claim_order(opts: ClaimOptions, using: str) -> tuple[str, ...]:
     entry). Not on PostgreSQL, whose claim index does not hold the pk: there, ties come
     in index order (heap order, i.e. insertion order for rows inserted together)."""
     ordering = opts.ordering
-    if connections[using].vendor != "postgresql" and "pk" not in {o.lstrip("-") for o in ordering}:
+    free = for_alias(using).pk_tie_break_is_free
+    if free and "pk" not in {o.lstrip("-") for o in ordering}:
         ordering = (*ordering, "pk")
     return ordering
 
@@ -365,7 +345,6 @@ class SkipLocked(Strategy):
     """
 
     name = "skip_locked"
-    vendors = frozenset({"postgresql", "mysql", "oracle"})
 
     def _features_ok(self, conn: Any) -> bool:
         return bool(conn.features.has_select_for_update_skip_locked)
@@ -381,12 +360,12 @@ class SkipLocked(Strategy):
         cache_key: tuple[Any, ...] | None = None,
     ) -> list[models.Model]:
         conn = connections[qs.db]
-        if conn.vendor == "postgresql":
+        if for_connection(conn).claims_in_one_statement:
             sql, params = _compiled_candidates(qs, opts, n, cache_key)
             lock = conn.ops.for_update_sql(
                 skip_locked=True, of=(conn.ops.quote_name(qs.model._meta.db_table),)
             )
-            return _pg_update_returning(
+            return _claim_returning(
                 qs, f"{sql} {lock}", params, opts=opts, lease=lease, worker=worker
             )
         return self._claim_in_transaction(qs, n, opts=opts, lease=lease, worker=worker)
@@ -452,7 +431,10 @@ class CompareAndSet(Strategy):
         cache_key: tuple[Any, ...] | None = None,
     ) -> list[models.Model]:
         conn = connections[qs.db]
-        if conn.vendor == "sqlite" and conn.features.can_return_columns_from_insert:
+        if (
+            for_connection(conn).one_writer_at_a_time
+            and conn.features.can_return_columns_from_insert
+        ):
             return self._claim_sqlite(qs, n, opts=opts, lease=lease, worker=worker)
         return self._claim_candidates(qs, n, opts=opts, lease=lease, worker=worker)
 
@@ -477,7 +459,7 @@ class CompareAndSet(Strategy):
             query = target.query.chain(sql.UpdateQuery)
             query.add_update_values(claim_updates(opts, lease, worker))
             update_sql, params = query.get_compiler(qs.db).as_sql()
-            rows = list(base.raw(f"{update_sql} RETURNING *", params))
+            rows = list(base.raw(for_alias(qs.db).returning_all_sql(update_sql), params))
         recovered = {p["pk"] for p in picked if p["locked_until"] is not None}
         return _sort(_mark_recovered(rows, recovered), opts.ordering)
 
@@ -547,7 +529,6 @@ class Advisory(Strategy):
     """
 
     name = "advisory"
-    vendors = frozenset({"postgresql"})
 
     def claim(
         self,
@@ -560,11 +541,8 @@ class Advisory(Strategy):
         cache_key: tuple[Any, ...] | None = None,
     ) -> list[models.Model]:
         sql, params = _compiled_candidates(qs, opts, max(n * 4, n + 8), cache_key)
-        candidates = (
-            f"SELECT c.pk, c.prev FROM ({sql}) c(pk, prev) "
-            f"WHERE pg_try_advisory_xact_lock(%s, hashtext(c.pk::text)) LIMIT {int(n)}"
-        )
-        return _pg_update_returning(
+        candidates = cast(PostgreSQL, for_alias(qs.db)).advisory_candidates_sql(sql, n)
+        return _claim_returning(
             qs,
             candidates,
             (*params, advisory_table_key(qs.model)),
@@ -581,7 +559,6 @@ class Serializable(Strategy):
     """
 
     name = "serializable"
-    vendors = frozenset({"postgresql"})
 
     def claim(
         self,
@@ -595,9 +572,9 @@ class Serializable(Strategy):
     ) -> list[models.Model]:
         with transaction.atomic(using=qs.db):
             with connections[qs.db].cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+                cursor.execute(cast(PostgreSQL, for_alias(qs.db)).serializable_sql)
             sql, params = _compiled_candidates(qs, opts, n, cache_key)
-            return _pg_update_returning(qs, sql, params, opts=opts, lease=lease, worker=worker)
+            return _claim_returning(qs, sql, params, opts=opts, lease=lease, worker=worker)
 
 
 class Hold(Strategy):
@@ -610,7 +587,6 @@ class Hold(Strategy):
     """
 
     name = "hold"
-    vendors = frozenset({"postgresql"})
     needs_caller_atomic = True
 
     def claim(
@@ -646,9 +622,8 @@ def resolve(name: str, using: str) -> Strategy:
             f"unknown claim strategy {name!r}; choose one of {', '.join(STRATEGY_NAMES)}"
         )
     if not strategy.supported(using):
-        conn = connections[using]
         raise StrategyNotSupportedError(
-            f"claim strategy {name!r} is not supported on {conn.vendor} "
+            f"claim strategy {name!r} is not supported on {for_alias(using).vendor} "
             f"(database {using!r}); use 'cas' (every database) or 'auto'"
         )
     return strategy

@@ -13,13 +13,14 @@ from typing import Any
 
 from django.db import connections
 
-from .base import AdvisoryKind, DatabaseSQL, LeaseTable, Statement
+from .base import AdvisoryKind, ClaimColumns, DatabaseSQL, LeaseTable, Statement
 from .mysql import MySQL
 from .postgresql import PostgreSQL
 from .sqlite import SQLite
 
 __all__ = [
     "AdvisoryKind",
+    "ClaimColumns",
     "DatabaseSQL",
     "LeaseTable",
     "MySQL",

@@ -82,6 +82,25 @@ class LeaseTable:
         return cls(qn(meta.db_table), key, owner, token, until, acquired_at)
 
 
+@dataclass(frozen=True)
+class ClaimColumns:
+    """A claimable model's table and the claim columns, quoted for one connection.
+
+    ``locked_by`` / ``finished_at`` are ``None`` when the model has no such field;
+    ``returning`` lists every concrete column, qualified by the table, in field order.
+    """
+
+    table: str
+    pk: str
+    status: str
+    version: str
+    attempts: str
+    locked_until: str
+    locked_by: str | None
+    finished_at: str | None
+    returning: str
+
+
 class DatabaseSQL:
     """The statements of one database vendor; this base holds what vendors share.
 
@@ -117,6 +136,89 @@ class DatabaseSQL:
     def is_lock_timeout(self, error: BaseException) -> bool:
         """Whether the driver's ``error`` is the statement's lock wait timing out (the
         session's lock timeout, as :meth:`set_lock_timeout` sets it)."""
+        return False
+
+    # ------------------------------------------------------------------------- clock
+
+    #: The database clock of claims, row leases, schedules and timestamps: fixed for one
+    #: statement, and zone-proof (never a session-zone clock).
+    clock_sql: ClassVar[str] = "CURRENT_TIMESTAMP"
+
+    def now_sql(self, *, use_tz: bool = True) -> str:
+        """:attr:`clock_sql` (``%`` is not escaped: double it in raw SQL sent with
+        parameters). ``use_tz``: Django's ``USE_TZ`` (how datetimes are stored)."""
+        return self.clock_sql
+
+    # ------------------------------------------------------------------------ claims
+
+    #: The claim strategies that work here (``skip_locked`` also needs Django's
+    #: ``has_select_for_update_skip_locked``); ``cas`` works everywhere.
+    claim_strategies: ClassVar[frozenset[str]] = frozenset({"cas", "skip_locked"})
+    #: Whether the primary key is a free last tie-break of the claim's ORDER BY (InnoDB
+    #: and SQLite append it to every index entry; PostgreSQL's claim index lacks it).
+    pk_tie_break_is_free: ClassVar[bool] = True
+    #: Whether one writer runs at a time (SQLite): a compare-and-set of a whole batch is
+    #: then one ``UPDATE … WHERE pk IN (…) AND status = ready RETURNING *``.
+    one_writer_at_a_time: ClassVar[bool] = False
+    #: Whether :meth:`claim` (one statement, candidates and UPDATE … RETURNING) exists.
+    claims_in_one_statement: ClassVar[bool] = False
+    #: Whether :meth:`complete_many_sql` (one UPDATE from per-row arrays) exists.
+    completes_from_arrays: ClassVar[bool] = False
+
+    def claim(
+        self,
+        c: ClaimColumns,
+        candidates: Statement,
+        *,
+        processing: Any,
+        ready: Any,
+        lease: float,
+        worker: str,
+    ) -> Statement:
+        """Claim the rows the ``candidates`` SELECT (``pk``, previous ``locked_until``)
+        picks, in one statement: status ``processing``, ``version`` and ``attempts`` + 1,
+        lease until the clock + ``lease`` seconds, held by ``worker``, re-checking that
+        each is still ``ready``. Returns every column of :attr:`ClaimColumns.returning`,
+        then whether the row was recovered (its previous ``locked_until`` was set)."""
+        raise NotImplementedError(f"{self.vendor} claims in a transaction, not one statement")
+
+    def returning_all_sql(self, update_sql: str) -> str:
+        """``update_sql`` (an UPDATE the ORM compiled) returning every column of the rows
+        it wrote."""
+        return f"{update_sql} RETURNING *"
+
+    def complete_many_sql(
+        self, c: ClaimColumns, *, pk_type: str, version_type: str, results: list[tuple[str, str]]
+    ) -> str:
+        """Complete many claimed rows, fenced row by row on their tokens: ``done``,
+        ``version`` + 1, lease cleared, ``finished_at`` stamped, and per row the values of
+        the ``results`` columns (``(quoted column, database type)``), all in one UPDATE.
+
+        Parameters: the done value, the pks, the tokens, one list per result column,
+        the processing value."""
+        raise NotImplementedError(f"{self.vendor} completes rows with the ORM")
+
+    # -------------------------------------------------------------------- wake-ups
+
+    #: Whether workers can be woken by the database (``NOTIFY`` / ``LISTEN``).
+    supports_notify: ClassVar[bool] = False
+
+    def notify(self, channel: str, payload: str) -> Statement:
+        """Send ``payload`` on ``channel`` (delivered when the transaction commits)."""
+        raise NotImplementedError(f"{self.vendor} cannot notify workers")
+
+    def listen_sql(self, quoted_channel: str) -> str:
+        """Start listening on the (quoted) channel, on a dedicated connection."""
+        raise NotImplementedError(f"{self.vendor} cannot notify workers")
+
+    # ----------------------------------------------------------------- connections
+
+    #: The cheapest statement that proves a connection still answers.
+    ping_sql: ClassVar[str] = "SELECT 1"
+
+    def private_to_one_connection(self, settings_dict: Any) -> bool:
+        """Whether a ``DATABASES`` entry names a database only one connection can see
+        (SQLite in memory): no second thread or process may share its rows."""
         return False
 
     # --------------------------------------------------------------------- lease locks

@@ -41,6 +41,19 @@ class MySQL(DatabaseSQL):
     engine_marker = "mysql"
     default_port = 3306
 
+    # ------------------------------------------------------------------------- clock
+
+    #: ``UTC_TIMESTAMP(6)``, not ``CURRENT_TIMESTAMP`` / ``NOW()``, which follow each
+    #: session's ``time_zone`` and would put two sessions in different zones (or a server
+    #: across a daylight-saving change) hours apart on the same ``DATETIME`` columns.
+    #: Django stores aware datetimes as naive UTC here.
+    clock_sql: ClassVar[str] = "UTC_TIMESTAMP(6)"
+
+    def now_sql(self, *, use_tz: bool = True) -> str:
+        """:attr:`clock_sql`; without ``USE_TZ`` naive datetimes are stored in the
+        session's zone, so the clock is the session's: ``CURRENT_TIMESTAMP(6)``."""
+        return self.clock_sql if use_tz else "CURRENT_TIMESTAMP(6)"
+
     def is_transient(self, error: BaseException) -> bool:
         """Deadlocks and lock wait timeouts (:data:`TRANSIENT_ERRORS`)."""
         args: tuple[Any, ...] = getattr(error, "args", ())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .base import AdvisoryKind, DatabaseSQL, LeaseTable, Statement
+from .base import AdvisoryKind, ClaimColumns, DatabaseSQL, LeaseTable, Statement
 
 #: SQLSTATEs worth a retry: serialization_failure, deadlock_detected.
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})
@@ -45,6 +45,108 @@ class PostgreSQL(DatabaseSQL):
     def is_lock_timeout(self, error: BaseException) -> bool:
         """``lock_not_available`` (:data:`LOCK_NOT_AVAILABLE`)."""
         return sqlstate(error) == LOCK_NOT_AVAILABLE
+
+    # ------------------------------------------------------------------------- clock
+
+    clock_sql: ClassVar[str] = "STATEMENT_TIMESTAMP()"
+
+    # ------------------------------------------------------------------------ claims
+
+    claim_strategies: ClassVar[frozenset[str]] = frozenset(
+        {"cas", "skip_locked", "advisory", "serializable", "hold"}
+    )
+    pk_tie_break_is_free = False
+    claims_in_one_statement = True
+    completes_from_arrays = True
+    #: Run first in the transaction of the ``serializable`` strategy.
+    serializable_sql: ClassVar[str] = "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"
+
+    def claim(
+        self,
+        c: ClaimColumns,
+        candidates: Statement,
+        *,
+        processing: Any,
+        ready: Any,
+        lease: float,
+        worker: str,
+    ) -> Statement:
+        """``WITH c AS MATERIALIZED (<candidates>) UPDATE … FROM c … RETURNING``.
+
+        One statement, one round trip. The candidates live in a materialized CTE so they
+        are computed exactly once: written as ``pk IN (SELECT … LIMIT n FOR UPDATE SKIP
+        LOCKED)`` the planner may pick a nested-loop semi-join that re-runs the subquery
+        per outer row, and each re-run skips the rows this very statement already
+        updated and returns *new* ones — claiming more than ``n`` rows. Re-checking the
+        status in the UPDATE keeps the claim safe even when the candidates took no row
+        lock (PostgreSQL re-evaluates the condition on the newest row version).
+        """
+        cte = '"taskclaim_c"'
+        sets = [
+            f"{c.status} = %s",
+            f"{c.version} = {c.table}.{c.version} + 1",
+            f"{c.attempts} = {c.table}.{c.attempts} + 1",
+            f"{c.locked_until} = {self.clock_sql} + %s * INTERVAL '1 second'",
+        ]
+        params: list[Any] = [*candidates.params, processing, lease]
+        if c.locked_by is not None:
+            sets.append(f"{c.locked_by} = %s")
+            params.append(worker)
+        params.append(ready)
+        sql = (
+            f'WITH {cte}("pk", "prev") AS MATERIALIZED ({candidates.sql}) '
+            f"UPDATE {c.table} SET {', '.join(sets)} FROM {cte} "
+            f'WHERE {c.table}.{c.pk} = {cte}."pk" AND {c.table}.{c.status} = %s '
+            f'RETURNING {c.returning}, {cte}."prev" IS NOT NULL'
+        )
+        return Statement(sql, tuple(params))
+
+    def advisory_candidates_sql(self, candidates_sql: str, limit: int) -> str:
+        """The first ``limit`` candidates (``pk``, ``prev``) whose transaction-scope advisory
+        lock ``(table key, hashtext(pk))`` this transaction takes without waiting.
+
+        Parameters: the candidates' parameters, then the table key (int32)."""
+        return (
+            f'SELECT c."pk", c."prev" FROM ({candidates_sql}) c("pk", "prev") '
+            f'WHERE pg_try_advisory_xact_lock(%s, hashtext(c."pk"::text)) LIMIT {int(limit)}'
+        )
+
+    def complete_many_sql(
+        self, c: ClaimColumns, *, pk_type: str, version_type: str, results: list[tuple[str, str]]
+    ) -> str:
+        """``UPDATE … FROM unnest(pks, tokens[, one array per result column])``: one array
+        parameter per column, so the text is the same for every batch and no per-row
+        parameter is formatted."""
+        t = '"taskclaim_t"'
+        sets = [f"{c.status} = %s", f"{c.version} = {c.table}.{c.version} + 1"]
+        sets.append(f"{c.locked_until} = NULL")
+        if c.finished_at is not None:
+            sets.append(f"{c.finished_at} = {self.clock_sql}")
+        arrays = [f"%s::{pk_type}[]", f"%s::{version_type}[]"]
+        aliases = ['"pk"', '"token"']
+        for i, (column, db_type) in enumerate(results):
+            alias = f'"r{i}"'
+            sets.append(f"{column} = {t}.{alias}")
+            arrays.append(f"%s::{db_type}[]")
+            aliases.append(alias)
+        return (
+            f"UPDATE {c.table} SET {', '.join(sets)} "
+            f"FROM unnest({', '.join(arrays)}) AS {t}({', '.join(aliases)}) "
+            f'WHERE {c.table}.{c.pk} = {t}."pk" AND {c.table}.{c.version} = {t}."token" '
+            f"AND {c.table}.{c.status} = %s"
+        )
+
+    # -------------------------------------------------------------------- wake-ups
+
+    supports_notify = True
+
+    def notify(self, channel: str, payload: str) -> Statement:
+        """``SELECT pg_notify(channel, payload)``."""
+        return Statement("SELECT pg_notify(%s, %s)", (channel, payload))
+
+    def listen_sql(self, quoted_channel: str) -> str:
+        """``LISTEN channel``."""
+        return f"LISTEN {quoted_channel}"
 
     # --------------------------------------------------------------------- lease locks
 

@@ -15,6 +15,16 @@ class SQLite(DatabaseSQL):
     vendor = "sqlite"
     engine_marker = "sqlite"
 
+    #: Django's SQLite datetime text, in UTC (``%`` not doubled: see ``now_sql``).
+    clock_sql: ClassVar[str] = "STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')"
+    claim_strategies: ClassVar[frozenset[str]] = frozenset({"cas"})
+    one_writer_at_a_time = True
+
+    def private_to_one_connection(self, settings_dict: Any) -> bool:
+        """An in-memory database (``:memory:``, ``mode=memory`` or no name)."""
+        name = str(settings_dict.get("NAME") or "")
+        return name in ("", ":memory:") or "mode=memory" in name
+
     def is_transient(self, error: BaseException) -> bool:
         """``database is locked`` / ``database table is locked`` (a busy database)."""
         text = str(error).lower()

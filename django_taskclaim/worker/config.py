@@ -16,6 +16,7 @@ from django.db import connections
 from django.db.models import Model
 
 from .. import bounds
+from ..backends import for_connection
 from ..conf import taskclaim_settings
 from ..exceptions import ConfigurationError
 from ..options import claimable_models, get_options, resolve_model
@@ -121,13 +122,12 @@ class WorkerConfig:
         if worker_id is not None and (not worker_id.strip() or len(worker_id) > 200):
             raise ConfigurationError("--worker-id must be 1 to 200 characters")
         conn = connections[using]
-        if conn.vendor == "sqlite" and (concurrency > 1 or processes > 1):
-            name = str(conn.settings_dict.get("NAME") or "")
-            if name in ("", ":memory:") or "mode=memory" in name:
-                raise ConfigurationError(
-                    "an in-memory SQLite database is private to one connection: use a "
-                    "database file, or --concurrency 1 --processes 1"
-                )
+        private = for_connection(conn).private_to_one_connection(conn.settings_dict)
+        if private and (concurrency > 1 or processes > 1):
+            raise ConfigurationError(
+                "an in-memory SQLite database is private to one connection: use a "
+                "database file, or --concurrency 1 --processes 1"
+            )
         explicit = bool(labels)
         chosen: list[type[Model]] = []
         for label in labels:

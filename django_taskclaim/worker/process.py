@@ -25,6 +25,7 @@ from typing import Any
 from django.db import connections
 from django.db.models import Model
 
+from ..backends import for_connection
 from ..db import default_worker_id
 from ..notify import Listener
 from ..strategies import was_recovered
@@ -118,7 +119,7 @@ class Worker:
             f"taskclaim worker id={self.worker_id} pid={os.getpid()} "
             f"models={','.join(self.scope.labels.values())} strategy={strategies} "
             f"concurrency={c.concurrency} batch={c.batch} "
-            f"lease={self.lease:g}s database={self.using} vendor={conn.vendor} "
+            f"lease={self.lease:g}s database={self.using} vendor={for_connection(conn).vendor} "
             f"wakeup={'listen+poll' if self.scope.use_listen() else 'poll'} poll={c.poll:g}s "
             f"ack-window={c.ack_window:g}s reap={'on' if c.reap else 'off'}"
             + (" burst" if c.burst else "")

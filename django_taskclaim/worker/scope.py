@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import connections
 from django.db.models import Min, Model
 
+from ..backends import for_alias
 from ..conf import taskclaim_settings
 from ..monitoring import db_now
 from ..options import get_options
@@ -69,7 +69,7 @@ class Scope:
         front (a pgBouncer in transaction mode does not keep a LISTEN session)."""
         if taskclaim_settings.POOLER_MODE == "transaction":
             return False
-        return connections[self.using].vendor == "postgresql" and any(
+        return for_alias(self.using).supports_notify and any(
             get_options(m).notify for m in self.config.models
         )
 
