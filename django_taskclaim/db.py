@@ -25,17 +25,6 @@ from .conf import taskclaim_settings
 logger = logging.getLogger("django_taskclaim.db")
 
 
-#: The database clock as SQL, per vendor. MySQL/MariaDB: ``UTC_TIMESTAMP(6)``, not
-#: ``CURRENT_TIMESTAMP``/``NOW()``, which follow each session's ``time_zone`` and would put
-#: two sessions in different zones (or a server across a daylight-saving change) hours
-#: apart on the same ``DATETIME`` columns. Django stores aware datetimes as naive UTC there.
-NOW_SQL = {
-    "postgresql": "STATEMENT_TIMESTAMP()",
-    "mysql": "UTC_TIMESTAMP(6)",
-    "sqlite": "STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')",
-}
-
-
 def now_sql(connection: Any) -> str:
     """The SQL of the database clock on ``connection`` (the vendor's
     :meth:`~django_taskclaim.backends.base.DatabaseSQL.now_sql`).

@@ -13,14 +13,16 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connections, models, router
 from django.db.models import Min, Q
 from django.db.models.expressions import CombinedExpression
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from .backends import for_connection
 from .conf import taskclaim_settings
-from .db import NOW_SQL, DbNow, now_sql
+from .db import DbNow
 from .exceptions import ConfigurationError
 from .options import claimable_models, get_options
 from .querysets import as_claim_queryset
@@ -39,11 +41,11 @@ def db_now(using: str = "default") -> datetime:
     skewed clock still shows what the database (and therefore the reaper) sees.
     """
     conn = connections[using]
-    if conn.vendor not in NOW_SQL:  # pragma: no cover - other vendors
+    statement = for_connection(conn).read_clock(use_tz=settings.USE_TZ)
+    if statement is None:  # pragma: no cover - other vendors
         return timezone.now()
-    sql = f"SELECT {now_sql(conn)}"
     with conn.cursor() as cursor:
-        cursor.execute(sql)
+        cursor.execute(statement.sql, statement.params or None)  # no params: % stays literal
         value = cursor.fetchone()[0]
     if isinstance(value, str):
         value = parse_datetime(value)

@@ -144,10 +144,19 @@ class DatabaseSQL:
     #: statement, and zone-proof (never a session-zone clock).
     clock_sql: ClassVar[str] = "CURRENT_TIMESTAMP"
 
+    #: Whether :attr:`clock_sql` is known to be this vendor's clock (an unknown vendor's
+    #: time is then read from the web server instead, see :meth:`read_clock`).
+    clock_known: ClassVar[bool] = False
+
     def now_sql(self, *, use_tz: bool = True) -> str:
         """:attr:`clock_sql` (``%`` is not escaped: double it in raw SQL sent with
         parameters). ``use_tz``: Django's ``USE_TZ`` (how datetimes are stored)."""
         return self.clock_sql
+
+    def read_clock(self, *, use_tz: bool = True) -> Statement | None:
+        """The statement reading the database clock (one value), or ``None`` when
+        :attr:`clock_known` is false."""
+        return Statement(f"SELECT {self.now_sql(use_tz=use_tz)}") if self.clock_known else None
 
     # ------------------------------------------------------------------------ claims
 

@@ -48,6 +48,7 @@ class MySQL(DatabaseSQL):
     #: across a daylight-saving change) hours apart on the same ``DATETIME`` columns.
     #: Django stores aware datetimes as naive UTC here.
     clock_sql: ClassVar[str] = "UTC_TIMESTAMP(6)"
+    clock_known = True
 
     def now_sql(self, *, use_tz: bool = True) -> str:
         """:attr:`clock_sql`; without ``USE_TZ`` naive datetimes are stored in the

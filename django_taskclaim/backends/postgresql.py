@@ -49,6 +49,7 @@ class PostgreSQL(DatabaseSQL):
     # ------------------------------------------------------------------------- clock
 
     clock_sql: ClassVar[str] = "STATEMENT_TIMESTAMP()"
+    clock_known = True
 
     # ------------------------------------------------------------------------ claims
 

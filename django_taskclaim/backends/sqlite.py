@@ -17,6 +17,7 @@ class SQLite(DatabaseSQL):
 
     #: Django's SQLite datetime text, in UTC (``%`` not doubled: see ``now_sql``).
     clock_sql: ClassVar[str] = "STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')"
+    clock_known = True
     claim_strategies: ClassVar[frozenset[str]] = frozenset({"cas"})
     one_writer_at_a_time = True
 
