@@ -81,6 +81,13 @@ REAP: dict[str, Bound] = {
 #: ``LeaseLock(ttl=…)``: from 50 ms (shorter cannot be renewed in time) to 30 days.
 LOCK_TTL = Bound(0.05, MAX_LEASE)
 
+#: Rows one ``claim(n)`` may take, and rows per statement of ``reap()`` / ``prune()``
+#: (``taskclaim_prune --batch-size``).
+CLAIM_SIZE = Bound(1, 100_000, whole=True)
+BATCH_SIZE = Bound(1, 100_000, whole=True)
+#: ``Retry(delay=…)`` and ``retry(delay=…)``: from now to a year ahead.
+RETRY_DELAY = Bound(0.0, 365 * DAY)
+
 
 def number(
     value: Any,

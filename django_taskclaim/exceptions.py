@@ -72,10 +72,12 @@ class Retry(Exception):
     """
 
     def __init__(self, delay: float | timedelta | None = None, reason: str = "") -> None:
-        if isinstance(delay, timedelta):
-            delay = delay.total_seconds()
-        if delay is not None and delay < 0:
-            raise ValueError("Retry delay must be >= 0 seconds")
+        if delay is not None:
+            from . import bounds  # bounds raises ConfigurationError, defined here
+
+            delay = bounds.number(
+                delay, "Retry delay", bounds.RETRY_DELAY, seconds=True, error=ValueError
+            )
         self.delay = delay
         self.reason = reason
         super().__init__(reason or (f"retry in {delay}s" if delay is not None else "retry"))

@@ -22,7 +22,7 @@ from django.db import connections, models, router, transaction
 from django.db.models import F
 from django.db.models.expressions import Combinable, RawSQL
 
-from . import signals
+from . import bounds, signals
 from .backends import for_alias
 from .db import DbNow, retry_transient
 from .exceptions import ClaimLost, ConfigurationError, Fail, Retry
@@ -377,12 +377,11 @@ def retry(
     """``processing`` → ``ready`` after ``delay`` (or ``failed`` once attempts run out)."""
     opts = get_options(task)
     _check_fields(opts, task, fields)
-    if isinstance(delay, timedelta):
-        delay = delay.total_seconds()
-    if delay is not None and (
-        isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0
-    ):
-        raise ValueError(f"retry delay must be >= 0 seconds, got {delay!r}")
+    seconds: float | None = None
+    if delay is not None:
+        seconds = bounds.number(
+            delay, "retry delay", bounds.RETRY_DELAY, seconds=True, error=ValueError
+        )
     updates: dict[str, Any] = {"locked_until": None, **fields}
     if opts.has("last_error") and error:
         updates["last_error"] = format_error(error)
@@ -397,7 +396,7 @@ def retry(
         _fenced_update(task, "failed", updates)
         signals.task_failed.send(sender=type(task), task=task, error=error, final=True)
         return Outcome.FAILED
-    wait = opts.backoff(task.attempts) if delay is None else float(delay)
+    wait = opts.backoff(task.attempts) if seconds is None else seconds
     if opts.has("run_after"):
         updates["run_after"] = DbNow() + timedelta(seconds=wait) if wait > 0 else None
     _fenced_update(task, "ready", updates)

@@ -20,6 +20,7 @@ from django.db.models.expressions import CombinedExpression
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from . import bounds
 from .backends import for_connection
 from .conf import taskclaim_settings
 from .db import DbNow
@@ -289,8 +290,7 @@ def prune(
     mapped = [s for s in states if opts.statuses.get(s) is not None]
     if not mapped:
         return 0
-    if batch_size < 1:
-        raise ConfigurationError(f"batch_size must be >= 1, got {batch_size}")
+    batch_size = bounds.number(batch_size, "batch_size", bounds.BATCH_SIZE)
     db = using or router.db_for_write(model)
     cond = opts.status_q(*mapped) & Q(finished_at__lt=DbNow() - older_than)
     scope = model._base_manager.using(db).filter(cond)

@@ -18,7 +18,7 @@ from django.db import models
 from django.db.models import Count, F, Q, Value
 from django.db.models.functions import Coalesce, Concat
 
-from . import lifecycle, signals
+from . import bounds, lifecycle, signals
 from .db import DbNow, default_worker_id, in_user_atomic, retry_transient
 from .exceptions import ClaimInTransactionError, ConfigurationError
 from .options import ClaimOptions, get_options
@@ -68,12 +68,6 @@ def as_claim_queryset(queryset: models.QuerySet) -> Any:
     if isinstance(queryset, ClaimQuerySetMixin):
         return queryset
     return ClaimQuerySet(model=queryset.model, query=queryset.query.chain(), using=queryset.db)
-
-
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def _plain_key(qs: Any, strategy: str) -> tuple[Any, ...] | None:
@@ -181,7 +175,7 @@ class ClaimQuerySetMixin(_QuerySetBase):
         come back when rows are scarce or held by others. Refused inside the caller's
         own ``atomic()`` block (except with ``strategy="hold"``, which requires one).
         """
-        n = _positive_int(n, "claim(n)")
+        n = bounds.number(n, "claim(n)", bounds.CLAIM_SIZE, error=ValueError)
         opts = self.claim_options
         using = self.db
         lease_s = validate_lease(opts.lease if lease is None else lease)
@@ -291,7 +285,7 @@ class ClaimQuerySetMixin(_QuerySetBase):
         scope = self.in_state(*from_states)
         if batch_size is None:
             return retry_transient(lambda: scope.update(**updates), self.db, what="transition")
-        batch_size = _positive_int(batch_size, "batch_size")
+        batch_size = bounds.number(batch_size, "batch_size", bounds.BATCH_SIZE, error=ValueError)
         total, last = 0, None
         pk_name = self.model._meta.pk.name
         while True:

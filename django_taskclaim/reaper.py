@@ -29,7 +29,7 @@ from django.db import models, router
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce, Concat
 
-from . import signals
+from . import bounds, signals
 from .conf import taskclaim_settings
 from .db import DbNow, retry_transient
 from .options import claimable_models, get_options
@@ -70,9 +70,12 @@ def reap_queryset(
     """Recover the stuck rows of ``qs``; see :func:`reap` and :func:`release_worker`."""
     opts = get_options(qs.model)
     using = qs.db
-    batch = int(batch_size or taskclaim_settings.REAP_BATCH)
-    if batch < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    batch = bounds.number(
+        taskclaim_settings.REAP_BATCH if batch_size is None else batch_size,
+        "batch_size",
+        bounds.BATCH_SIZE,
+        error=ValueError,
+    )
     holders = list(held_by) if held_by is not None else None
     if holders is not None:
         if not opts.has("locked_by"):

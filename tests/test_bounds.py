@@ -111,3 +111,12 @@ def test_claim_options_are_kept_per_model_and_dropped_when_a_setting_changes():
             with pytest.raises(ConfigurationError, match="retry_jitter must be a number"):
                 get_options(Document).backoff(1)
     assert get_options(Document).backoff(1) >= 0
+
+
+def test_retry_delays_are_bounded_with_a_clear_message():
+    from django_taskclaim.exceptions import Retry
+
+    assert Retry(delay=timedelta(hours=1)).delay == 3600.0
+    for delay in (1e20, float("inf"), -1, True):
+        with pytest.raises(ValueError, match="Retry delay must be"):
+            Retry(delay=delay)

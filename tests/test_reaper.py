@@ -139,8 +139,10 @@ def test_reap_all_models_by_default():
 
 
 def test_bad_batch_size():
-    with pytest.raises(ValueError, match="positive integer"):
+    with pytest.raises(ValueError, match="batch_size must be > 0"):
         reap(Document, batch_size=-1)
+    with pytest.raises(ValueError, match="batch_size must be a whole number"):
+        reap(Document, batch_size=2.5)
 
 
 def test_queryset_bulk_operations_are_fenced():

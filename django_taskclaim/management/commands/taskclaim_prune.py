@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from django_taskclaim import bounds
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.monitoring import prune
 from django_taskclaim.options import claimable_models, get_options, resolve_model
@@ -46,7 +47,7 @@ class Command(BaseCommand):
             help="Comma-separated finished states to delete (done, cancelled, failed). "
             "Default: done,cancelled (failed rows are kept for inspection).",
         )
-        parser.add_argument("--batch-size", type=int, default=1000, metavar="N")
+        parser.add_argument("--batch-size", default="1000", metavar="N")
         parser.add_argument("--dry-run", action="store_true", help="Only count what would go.")
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
 
@@ -66,8 +67,9 @@ class Command(BaseCommand):
                 f"--states {options['states']!r}: only finished states can be pruned; "
                 f"choose from {', '.join(TERMINAL_STATES)}"
             )
-        if options["batch_size"] < 1:
-            raise CommandError(f"--batch-size must be at least 1, got {options['batch_size']}")
+        batch_size = bounds.number(
+            options["batch_size"], "--batch-size", bounds.BATCH_SIZE, parse=True, error=CommandError
+        )
         if options["database"] not in connections:
             raise CommandError(
                 f"unknown database alias {options['database']!r}; "
@@ -97,7 +99,7 @@ class Command(BaseCommand):
                     model,
                     older_than=age,
                     states=states,
-                    batch_size=options["batch_size"],
+                    batch_size=batch_size,
                     dry_run=options["dry_run"],
                     using=options["database"],
                 )
