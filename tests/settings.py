@@ -101,6 +101,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_taskclaim",
+    "django_taskclaim.contrib.racelab",
     "tests.testapp",
 ]
 MIDDLEWARE = [

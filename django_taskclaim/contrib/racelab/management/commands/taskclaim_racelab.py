@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS
 
-from django_taskclaim.racelab import RaceLab, format_table, technique_names
+from django_taskclaim.contrib.racelab.cli import build_lab, run_and_report
+from django_taskclaim.contrib.racelab.techniques import technique_names
+from django_taskclaim.exceptions import ConfigurationError
 
 
 class Command(BaseCommand):
@@ -48,41 +49,21 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        for name in ("processes", "rows", "batch"):
-            if options[name] < 1:
-                raise CommandError(f"--{name} must be at least 1, got {options[name]}")
-        for name in ("work_ms", "window_ms"):
-            if options[name] < 0:
-                raise CommandError(f"--{name.replace('_', '-')} must be >= 0")
-        if options["timeout"] <= 0:
-            raise CommandError("--timeout must be a positive number of seconds")
-        using = options["database"]
-        if using not in connections:
-            raise CommandError(f"unknown database {using!r}; configured: {', '.join(connections)}")
-        known = technique_names()
-        for name in options["techniques"] or ():
-            if name not in known:
-                raise CommandError(f"unknown technique {name!r}; choose from {', '.join(known)}")
-        lab = RaceLab(
-            using=using,
-            processes=options["processes"],
-            rows=options["rows"],
-            batch=options["batch"],
-            work=options["work_ms"] / 1000,
-            window=options["window_ms"] / 1000,
-            timeout=options["timeout"],
-        )
-        conn = connections[using]
-        if not options["json"]:
-            self.stdout.write(
-                f"race lab on {conn.display_name} (database {using!r}): "
-                f"{lab.processes} processes, {lab.rows} rows, batch {lab.batch}"
+        try:
+            lab = build_lab(
+                using=options["database"],
+                processes=options["processes"],
+                rows=options["rows"],
+                batch=options["batch"],
+                work_ms=options["work_ms"],
+                window_ms=options["window_ms"],
+                timeout=options["timeout"],
+                techniques=options["techniques"] or (),
             )
-        results = lab.run(options["techniques"])
-        if options["json"]:
-            self.stdout.write(json.dumps([r.as_dict() for r in results], indent=2))
-            return
-        self.stdout.write(format_table(results))
-        unsafe = [r.technique for r in results if r.kind != "broken" and r.verdict != "ok"]
-        if unsafe and not all(r.skipped for r in results if r.technique in unsafe):
+        except ConfigurationError as exc:
+            raise CommandError(str(exc)) from None
+        unsafe = run_and_report(
+            lab, options["techniques"], as_json=options["json"], write=self.stdout.write
+        )
+        if unsafe:
             raise CommandError(f"techniques that must be safe were not: {', '.join(unsafe)}")
