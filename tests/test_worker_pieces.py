@@ -44,6 +44,24 @@ def test_ledger_asks_for_a_full_claim_when_it_fits_else_only_for_idle_executors(
     assert ledger.room() == 4
 
 
+def test_a_finishing_row_frees_its_slot_but_stays_held_until_settled():
+    ledger = Ledger(capacity=1, claim_size=1)  # --batch 1 --concurrency 1
+    ledger.add_claimed([row(1)])
+    ledger.take("a", timeout=0)
+    assert ledger.room() == 0  # its body runs: nothing is claimed behind it
+    ledger.finishing("a")  # the body returned; the outcome is being written
+    assert ledger.room() == 1  # the next row may be claimed meanwhile
+    assert [t.pk for t in ledger.held()] == [1]  # still held: its lease is kept
+    assert ledger.in_flight() == 1
+    ledger.add_claimed([row(2)])
+    assert ledger.room() == 0
+    ledger.settled("a")
+    assert ledger.room() == 0  # row 2 waits for the executor: no more claimed
+    assert [t.pk for t in ledger.held()] == [2]
+    ledger.finishing("b")  # a thread with no running row changes nothing
+    assert ledger.room() == 0
+
+
 def test_ledger_hands_rows_out_in_claim_order_once_each():
     ledger = Ledger(capacity=10, claim_size=10)
     ledger.add_claimed([row(1), row(2), row(3)])

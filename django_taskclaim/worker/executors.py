@@ -142,6 +142,7 @@ class Executors:
             self.worker_id,
         )
         done = attempt(task, handler, catch_base_exceptions=True)
+        self.ledger.finishing(threading.current_thread().name)
         defer = self.acks.defer if self.acks.enabled else None
         try:
             outcome = settle(task, done, defer=defer)

@@ -45,6 +45,7 @@ class Ledger:
         self._changed = threading.Condition(self._lock)
         self._claimed: deque[Any] = deque()
         self._running: dict[str, Any] = {}
+        self._finishing: set[str] = set()  # threads whose body returned, outcome not written
         self._acks: list[Any] = []
         self._acks_since: float | None = None
         self._lost: set[tuple[type, Any, int]] = set()
@@ -65,7 +66,9 @@ class Ledger:
     def _room(self) -> int:
         if self._closed or self._held_recovered:
             return 0  # a recovered row runs alone: nothing more is claimed meanwhile
-        room = self.capacity - len(self._claimed) - len(self._running)
+        # A row whose body has returned frees its slot: the next one is claimed while its
+        # outcome is written, so a short task's executor does not wait for a claim.
+        room = self.capacity - len(self._claimed) - len(self._running) + len(self._finishing)
         if room >= self.claim_size:
             return self.claim_size
         return room if room > 0 and not self._claimed else 0
@@ -168,9 +171,19 @@ class Ledger:
                 self._changed.wait(left)
             return len(self._running) == 1
 
+    def finishing(self, me: str) -> None:
+        """Thread ``me``'s body has returned; its outcome is being written. The row stays
+        held (leases kept, counted in flight) until :meth:`settled`, but no longer takes
+        a slot: the claimer may claim the executor's next row meanwhile."""
+        with self._changed:
+            if me in self._running:
+                self._finishing.add(me)
+                self._changed.notify_all()
+
     def settled(self, me: str) -> None:
         """Thread ``me`` finished its running row (whatever the outcome)."""
         with self._changed:
+            self._finishing.discard(me)
             task = self._running.pop(me, None)
             if task is not None:
                 self.processed += 1
