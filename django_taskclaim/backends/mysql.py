@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from django.db import DatabaseError
@@ -160,3 +161,36 @@ class MySQL(DatabaseSQL):
     def advisory_unlock(self, lock_id: tuple[Any, ...], *, shared: bool) -> Statement:
         """``SELECT RELEASE_LOCK(name)`` (1 when this session held it)."""
         return Statement("SELECT RELEASE_LOCK(%s)", lock_id)
+
+    # --------------------------------------------------------------------- diagnostics
+
+    explains_plans = True
+
+    def explain(self, sql: str, params: Sequence[Any] = ()) -> Statement:
+        """``EXPLAIN <sql>``: one row per table read, its index in the ``key`` column."""
+        return Statement(f"EXPLAIN {sql}", tuple(params))
+
+    def plan_uses_index(self, plan: Sequence[Mapping[str, Any]], index: str) -> bool:
+        """A row's ``key`` (comma-separated for an index merge) names ``index``."""
+        return any(index in str(row.get("key") or "").split(",") for row in plan if row.get("key"))
+
+    def plan_summary(self, plan: Sequence[Mapping[str, Any]]) -> str:
+        """Per table read: the access type, the index and the extra notes."""
+        return " / ".join(
+            f"{row.get('table')}: type={row.get('type')} key={row.get('key')}"
+            + (f" ({row.get('Extra')})" if row.get("Extra") else "")
+            for row in plan
+        )
+
+    def table_size(self, table: str, quoted: str) -> Statement:
+        """``DATA_LENGTH + INDEX_LENGTH`` from ``information_schema.TABLES`` (InnoDB's
+        estimate) in the connection's database."""
+        return Statement(
+            "SELECT DATA_LENGTH + INDEX_LENGTH FROM information_schema.TABLES "
+            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+            (table,),
+        )
+
+    def analyze_sql(self, quoted: str) -> str:
+        """``ANALYZE TABLE <table>``."""
+        return f"ANALYZE TABLE {quoted}"

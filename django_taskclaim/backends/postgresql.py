@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from .base import AdvisoryKind, ClaimColumns, DatabaseSQL, LeaseTable, Statement
@@ -236,3 +238,32 @@ class PostgreSQL(DatabaseSQL):
     def server_port(self) -> Statement:
         """``inet_server_port()`` (``NULL`` over a Unix socket)."""
         return Statement("SELECT inet_server_port()")
+
+    # --------------------------------------------------------------------- diagnostics
+
+    explains_plans = True
+
+    def explain(self, sql: str, params: Sequence[Any] = ()) -> Statement:
+        """``EXPLAIN (COSTS OFF) <sql>``: one text row per plan node (``QUERY PLAN``)."""
+        return Statement(f"EXPLAIN (COSTS OFF) {sql}", tuple(params))
+
+    def plan_uses_index(self, plan: Sequence[Mapping[str, Any]], index: str) -> bool:
+        """A node reads ``index``: ``Index [Only] Scan [Backward] using <index>`` or
+        ``Bitmap Index Scan on <index>`` (the name double-quoted where it needs it)."""
+        name = re.escape(index)
+        node = re.compile(rf'(?:\busing|Bitmap Index Scan on) (?:{name}|"{name}")(?:\s|$)')
+        return any(node.search(str(v)) for row in plan for v in row.values())
+
+    def plan_summary(self, plan: Sequence[Mapping[str, Any]]) -> str:
+        """The plan's nodes, outermost first, joined by ``/``."""
+        lines = (str(v).strip().removeprefix("->").strip() for row in plan for v in row.values())
+        return " / ".join(line for line in lines if line)
+
+    def table_size(self, table: str, quoted: str) -> Statement:
+        """``pg_total_relation_size``: heap, TOAST and indexes (``NULL`` without the table;
+        the name is resolved on the search path)."""
+        return Statement("SELECT pg_total_relation_size(to_regclass(%s))", (quoted,))
+
+    def analyze_sql(self, quoted: str) -> str:
+        """``ANALYZE <table>``."""
+        return f"ANALYZE {quoted}"

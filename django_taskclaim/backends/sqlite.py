@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from .base import DatabaseSQL, LeaseTable
+from .base import DatabaseSQL, LeaseTable, Statement
 
 
 class SQLite(DatabaseSQL):
@@ -85,3 +87,26 @@ class SQLite(DatabaseSQL):
             f"UPDATE {t.table} SET {t.until} = MIN({t.until}, {self.lease_now}) "
             f"WHERE {t.key} = %s AND {t.owner} = %s AND {t.token} = %s"
         )
+
+    # --------------------------------------------------------------------- diagnostics
+
+    explains_plans = True
+
+    def explain(self, sql: str, params: Sequence[Any] = ()) -> Statement:
+        """``EXPLAIN QUERY PLAN <sql>``: one row per step, described in ``detail``."""
+        return Statement(f"EXPLAIN QUERY PLAN {sql}", tuple(params))
+
+    def plan_uses_index(self, plan: Sequence[Mapping[str, Any]], index: str) -> bool:
+        """A step reads ``… USING [COVERING] INDEX <index>``."""
+        step = re.compile(rf"USING (?:COVERING )?INDEX {re.escape(index)}(?:\s|$)")
+        return any(step.search(str(row.get("detail") or "")) for row in plan)
+
+    def plan_summary(self, plan: Sequence[Mapping[str, Any]]) -> str:
+        """The steps' ``detail``, joined by ``/``."""
+        return " / ".join(str(row.get("detail") or "") for row in plan)
+
+    def analyze_sql(self, quoted: str) -> str:
+        """``ANALYZE <table>``."""
+        return f"ANALYZE {quoted}"
+
+    # table_size: SQLite keeps no per-table size outside the optional ``dbstat`` table.
