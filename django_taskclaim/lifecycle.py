@@ -2,33 +2,39 @@
 
 Every write here is an ``UPDATE … WHERE pk = %s AND version = <claimed token> AND
 status = processing``: a worker that lost its claim writes nothing and gets
-:class:`~django_taskclaim.exceptions.ClaimLost`.
+:class:`~django_taskclaim.exceptions.ClaimLost`. The outcome rules of an attempt
+(:func:`attempt`, :func:`settle`) live here too. Batched completions are in
+:mod:`django_taskclaim.completion`; :func:`complete_many`, :class:`BatchableResult` and
+:data:`PENDING_ATTR` are importable from here as well.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-import traceback
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
-from typing import Any, cast
+from typing import Any
 
 from asgiref.sync import async_to_sync
-from django.db import connections, models, router, transaction
+from django.db import models, transaction
 from django.db.models import F
-from django.db.models.expressions import Combinable, RawSQL
+from django.db.models.expressions import Combinable
 
 from . import bounds, signals
-from .backends import for_alias
+from .completion import COMPLETE_MANY_CHUNK as COMPLETE_MANY_CHUNK
+from .completion import PENDING_ATTR, BatchableResult, _pending
+from .completion import complete_many as complete_many
 from .db import DbNow, retry_transient
 from .exceptions import ClaimLost, ConfigurationError, Fail, Retry
-from .options import CLAIM_STATE_FIELDS, ClaimOptions, get_options
-from .strategies import complete_many_in_one, validate_lease
+from .options import get_options
+from .strategies import validate_lease
 from .types import Claimable, model_of
+from .writes import MAX_ERROR_CHARS as MAX_ERROR_CHARS
+from .writes import _check_fields, _db, format_error
 
 logger = logging.getLogger("django_taskclaim.lifecycle")
 
@@ -58,35 +64,6 @@ class Outcome(StrEnum):
     ABANDONED = "abandoned"
     #: the body left the row in a status no logical state maps to
     UNKNOWN = "unknown"
-
-
-MAX_ERROR_CHARS = 10_000
-
-
-def format_error(error: BaseException | str) -> str:
-    """Text stored in ``last_error``: the traceback of an exception, or the string."""
-    if isinstance(error, BaseException):
-        text = "".join(traceback.format_exception(error)).strip()
-    else:
-        text = str(error)
-    if len(text) > MAX_ERROR_CHARS:
-        text = text[: MAX_ERROR_CHARS // 2] + "\n…\n" + text[-MAX_ERROR_CHARS // 2 :]
-    return text
-
-
-def _db(task: Claimable) -> str:
-    return task._state.db or router.db_for_write(model_of(task), instance=task)
-
-
-def _check_fields(opts: ClaimOptions, task: Claimable, fields: Mapping[str, Any]) -> None:
-    protected = CLAIM_STATE_FIELDS | {opts.status_field}
-    for name in fields:
-        if name in protected:
-            raise ValueError(f"{name!r} is claim bookkeeping; the lifecycle methods set it")
-        try:
-            task._meta.get_field(name)
-        except Exception:
-            raise ValueError(f"{opts.label} has no field {name!r}") from None
 
 
 def _fenced_update(
@@ -143,39 +120,6 @@ def complete(task: Claimable, **fields: Any) -> None:
     signals.task_completed.send(sender=type(task), task=task)
 
 
-COMPLETE_MANY_CHUNK = 500
-
-#: Attribute holding a deferred completion's result fields and callback on a task
-#: instance, between :func:`run_task` (with ``defer``) and :func:`complete_many`.
-PENDING_ATTR = "_taskclaim_pending"
-
-
-class BatchableResult(dict[str, Any]):
-    """Result fields a handler lets the worker write together with other completions.
-
-    A handler's returned mapping is normally written at once, in the completion's own
-    fenced UPDATE. Returned as a ``BatchableResult``, the fields may wait in the worker's
-    acknowledgement window (``--ack-window``) and be written with other tasks' results
-    in one fenced UPDATE by :func:`complete_many` — the same at-least-once contract as a
-    handler that returns nothing. Only plain values are batched: a result holding an
-    ORM expression is written at once, on its own. ``on_written`` (if given) is called
-    once the fields are written (for instance to send a "finished" signal).
-    """
-
-    def __init__(
-        self, fields: Mapping[str, Any], *, on_written: Callable[[], None] | None = None
-    ) -> None:
-        super().__init__(fields)
-        self.on_written = on_written
-
-
-def _pending(task: Claimable) -> tuple[dict[str, Any], Callable[[], None] | None]:
-    """The deferred result fields and callback of ``task`` (kept until written: a write
-    retried after a lost connection must carry them again)."""
-    fields, after = task.__dict__.get(PENDING_ATTR) or ({}, None)
-    return dict(fields), after
-
-
 def complete_pending(task: Claimable) -> None:
     """Complete one deferred task on its own, with the result fields it was deferred
     with (the fallback when a batched write cannot be used)."""
@@ -191,167 +135,6 @@ def complete_pending(task: Claimable) -> None:
 
 
 _complete_task = complete
-
-
-def complete_many(tasks: Iterable[Any]) -> list[Any]:
-    """Complete many claimed tasks with one fenced UPDATE per model and database.
-
-    Each row is written only if it still carries the claim token its instance holds
-    (``pk = ? AND version = ?`` for every task, ``status = processing``) — the same
-    guarantee as :func:`complete`. Result fields deferred by :func:`run_task` (a
-    :class:`BatchableResult`) are written in the same statement, each row its own
-    values. Returns the tasks whose claim was lost (nothing was written for them); the
-    others are ``done`` with their instances updated, and ``task_completed`` is sent for
-    each.
-    """
-    groups: dict[tuple[type[models.Model], str], list[Any]] = {}
-    for task in tasks:
-        groups.setdefault((type(task), _db(task)), []).append(task)
-    lost: list[Any] = []
-    for (model, using), group in groups.items():
-        for i in range(0, len(group), COMPLETE_MANY_CHUNK):
-            lost.extend(_complete_chunk(model, using, group[i : i + COMPLETE_MANY_CHUNK]))
-    return lost
-
-
-def _tokens_match(model: type[models.Model], using: str, tokens: dict[Any, int]) -> RawSQL:
-    """``(pk, version) IN ((%s, %s), …)``: a row-value comparison (standard SQL, supported
-    by PostgreSQL, MySQL/MariaDB and SQLite) that the ORM has no public way to say; it
-    compiles once per batch instead of a hundred ``OR``-ed ``Q`` objects.
-
-    The parameters bypass the ORM's lookups, so each is converted here exactly as a
-    lookup would: ``get_db_prep_value`` of its field (a UUID primary key is a 32-digit
-    hex string on databases without a native UUID type, for instance)."""
-    connection = connections[using]
-    qn = connection.ops.quote_name
-    table = qn(model._meta.db_table)
-    pk_field = model._meta.pk
-    version_field = model._meta.get_field("version")
-    pk_column = getattr(pk_field, "column", None)
-    version_column = getattr(version_field, "column", None)
-    if (
-        not isinstance(pk_field, models.Field)
-        or not isinstance(version_field, models.Field)
-        or not pk_column
-        or not version_column
-    ):
-        raise ConfigurationError(f"{model._meta.label} needs concrete pk and version columns")
-    pk = f"{table}.{qn(pk_column)}"
-    version = f"{table}.{qn(version_column)}"
-    pairs = ", ".join(["(%s, %s)"] * len(tokens))
-    params: list[Any] = []
-    for key, token in tokens.items():
-        params.append(pk_field.get_db_prep_value(key, connection))
-        params.append(version_field.get_db_prep_value(token, connection))
-    return RawSQL(f"({pk}, {version}) IN ({pairs})", params, output_field=models.BooleanField())
-
-
-def _complete_chunk(model: type[models.Model], using: str, tasks: list[Any]) -> list[Any]:
-    opts = get_options(model)
-    values: dict[str, Any] = {
-        opts.status_field: opts.value("done"),
-        "version": F("version") + 1,
-        "locked_until": None,
-    }
-    if opts.has("finished_at"):
-        values["finished_at"] = DbNow()
-    tokens = {t.pk: t.version for t in tasks}
-    if len(tokens) != len(tasks):
-        raise ValueError("complete_many() got the same row twice")
-    base = model._base_manager.using(using)
-    pending = {t.pk: _pending(t) for t in tasks}
-    # Deferred result fields: plain values, checked by run_task when it deferred them.
-    results = {pk: f for pk, (f, _a) in pending.items()}
-    if (
-        for_alias(using).completes_from_arrays
-        and len({tuple(sorted(f)) for f in results.values()}) == 1  # the usual: one handler
-    ):
-
-        def write() -> int:
-            return complete_many_in_one(model, using, opts, tokens, results)
-    else:
-        values.update(_per_row_values(model, tasks, results, using))
-        target = (
-            base.filter(pk__in=list(tokens))
-            .filter(_tokens_match(model, using, tokens))
-            .filter(opts.status_q("processing"))
-        )
-
-        def write() -> int:
-            return target.update(**values)
-
-    hit = retry_transient(write, using, what=f"complete {len(tasks)} {opts.label}")
-    if hit == len(tasks):
-        won = tasks
-    else:
-        # Some claims were lost. Every write to a claimed row bumps its token, so a row
-        # this statement completed is exactly one that is now done at token + 1.
-        now = dict(
-            base.filter(pk__in=list(tokens))
-            .filter(opts.status_q("done"))
-            .values_list("pk", "version")
-        )
-        won = [t for t in tasks if now.get(t.pk) == t.version + 1]
-    won_pks = {t.pk for t in won}
-    lost = [t for t in tasks if t.pk not in won_pks]
-    for task in tasks:
-        task.__dict__.pop(PENDING_ATTR, None)  # written, or lost for good
-    for task in lost:
-        logger.warning(
-            "claim lost model=%s pk=%s token=%s write=done: nothing was written",
-            opts.label,
-            task.pk,
-            task.version,
-        )
-    done_value = opts.value("done")
-    for task in won:
-        setattr(task, opts.status_field, done_value)
-        task.version += 1
-        task.locked_until = None
-        if opts.has("finished_at"):
-            task.__dict__.pop("finished_at", None)  # the database clock's; loaded on access
-        fields, after = pending[task.pk]
-        for name, value in fields.items():
-            attname = getattr(task._meta.get_field(name), "attname", name)
-            if isinstance(value, Combinable | models.Expression):
-                task.__dict__.pop(attname, None)
-            else:
-                setattr(task, attname, value)
-        signals.task_completed.send(sender=model, task=task)
-        if after is not None:
-            after()
-    return lost
-
-
-def _per_row_values(
-    model: type[models.Model],
-    tasks: list[Any],
-    fields: dict[Any, dict[str, Any]],
-    using: str,
-) -> dict[str, RawSQL]:
-    """``field = CASE pk WHEN … THEN <that row's value> … ELSE field END`` for every
-    result field some task of the chunk carries: one statement, each row its own values.
-    Values are plain (see :class:`BatchableResult`), prepared by their field."""
-    names = sorted({name for f in fields.values() for name in f})
-    connection = connections[using]
-    qn = connection.ops.quote_name
-    table = qn(model._meta.db_table)
-    pk_field = cast(models.Field, model._meta.pk)
-    pk_column = f"{table}.{qn(str(pk_field.column))}"
-    out: dict[str, RawSQL] = {}
-    for name in names:
-        field = cast(models.Field, model._meta.get_field(name))
-        params: list[Any] = []
-        for task in tasks:
-            if name in fields[task.pk]:
-                params.append(pk_field.get_db_prep_value(task.pk, connection))
-                params.append(field.get_db_prep_save(fields[task.pk][name], connection))
-        branches = " ".join(["WHEN %s THEN %s"] * (len(params) // 2))
-        column = f"{table}.{qn(str(field.column))}"
-        out[name] = RawSQL(
-            f"CASE {pk_column} {branches} ELSE {column} END", params, output_field=field
-        )
-    return out
 
 
 def fail(task: Claimable, error: BaseException | str = "", **fields: Any) -> None:

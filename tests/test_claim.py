@@ -288,12 +288,12 @@ def test_cas_never_returns_a_row_taken_over_between_its_update_and_its_read(monk
     """Compare-and-set claims with one UPDATE per row, then re-reads the rows it won. If a
     row was released and re-claimed in between, the re-read (fenced on pk, version and
     status) leaves it out: the claimer never runs a row someone else holds."""
-    from django_taskclaim import strategies
+    from django_taskclaim.strategies import cas
 
     if connection.vendor == "sqlite":
         pytest.skip("SQLite's compare-and-set is one read and one write in one transaction")
     docs = Document.objects.bulk_create([Document(title=f"c{i}") for i in range(2)])
-    original = strategies.read_claimed
+    original = cas.read_claimed
 
     def interfere(base, opts, won):
         victim = docs[0].pk
@@ -305,7 +305,7 @@ def test_cas_never_returns_a_row_taken_over_between_its_update_and_its_read(monk
         ]
         return original(base, opts, won)
 
-    monkeypatch.setattr(strategies, "read_claimed", interfere)
+    monkeypatch.setattr(cas, "read_claimed", interfere)
     rows = Document.objects.claim(2, strategy="cas", worker="me")
     assert [r.pk for r in rows] == [docs[1].pk]
     assert Document.objects.get(pk=docs[0].pk).locked_by == "other"

@@ -1,0 +1,171 @@
+"""The one-statement claim and completion, built by the backends and run here.
+
+Where the vendor can claim in one statement (``UPDATE … RETURNING``), the candidates
+SELECT compiled by the ORM (kept per model, database, strategy and batch size) is handed
+to the vendor's :meth:`~django_taskclaim.backends.base.DatabaseSQL.claim` and the
+returned rows become model instances with the ORM's own converters
+(:func:`_claim_returning`). :func:`complete_many_in_one` is the completion counterpart:
+a batch of claimed rows completed from per-row arrays in one fenced UPDATE.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, models
+
+from ..backends import Statement, for_connection
+from .base import RECOVERED_ATTR, _candidates, _sort, claim_columns, column
+
+if TYPE_CHECKING:
+    from ..options import ClaimOptions
+
+
+def _compile(qs: models.QuerySet) -> tuple[str, tuple[Any, ...]]:
+    sql, params = qs.query.get_compiler(using=qs.db).as_sql()
+    return sql, tuple(params)
+
+
+_COMPILED: dict[tuple[Any, ...], tuple[str, tuple[Any, ...]]] = {}
+_COMPILED_MAX = 512
+
+
+def _compiled_candidates(
+    qs: models.QuerySet, opts: ClaimOptions, limit: int, cache_key: tuple[Any, ...] | None
+) -> tuple[str, tuple[Any, ...]]:
+    """The candidates SELECT compiled by the ORM; kept per ``cache_key`` and ``limit``.
+
+    The SQL of an unfiltered claim depends only on the model, database, strategy and
+    batch size (the clock is ``now()`` in the SQL, not a parameter), so a worker
+    compiles it once instead of on every claim.
+    """
+    if cache_key is None:
+        return _compile(_candidates(qs, opts, limit))
+    key = (*cache_key, limit)
+    hit = _COMPILED.get(key)
+    if hit is None:
+        if len(_COMPILED) >= _COMPILED_MAX:
+            _COMPILED.clear()
+        hit = _COMPILED[key] = _compile(_candidates(qs, opts, limit))
+    return hit
+
+
+_CONVERTERS: dict[tuple[type[models.Model], str], list[tuple[int, list[Any], Any]]] = {}
+
+
+def _row_converters(model: type[models.Model], using: str) -> list[tuple[int, list[Any], Any]]:
+    """Per column, the converters the ORM applies when it reads that field (as
+    ``SQLCompiler.get_converters`` does): JSON decoding, booleans on some backends…"""
+    key = (model, using)
+    found = _CONVERTERS.get(key)
+    if found is None:
+        conn = connections[using]
+        found = []
+        for i, field in enumerate(model._meta.concrete_fields):
+            col = field.get_col(model._meta.db_table)
+            funcs = conn.ops.get_db_converters(col) + col.get_db_converters(conn)
+            if funcs:
+                found.append((i, funcs, col))
+        _CONVERTERS[key] = found
+    return found
+
+
+def _instances(model: type[models.Model], using: str, rows: list[tuple[Any, ...]]) -> list[Any]:
+    """Model instances from rows holding every concrete column in field order."""
+    conn = connections[using]
+    attnames = [f.attname for f in model._meta.concrete_fields]
+    converters = _row_converters(model, using)
+    out = []
+    for row in rows:
+        if converters:
+            values = list(row)
+            for i, funcs, col in converters:
+                for func in funcs:
+                    values[i] = func(values[i], col, conn)
+            row = tuple(values)
+        out.append(model.from_db(using, attnames, row))
+    return out
+
+
+def _claim_returning(
+    qs: models.QuerySet,
+    candidates_sql: str,
+    candidates_params: tuple[Any, ...],
+    *,
+    opts: ClaimOptions,
+    lease: float,
+    worker: str,
+) -> list[models.Model]:
+    """Claim the candidates in one statement (the vendor's
+    :meth:`~django_taskclaim.backends.base.DatabaseSQL.claim`) and build the instances."""
+    model = qs.model
+    conn = connections[qs.db]
+    statement = for_connection(conn).claim(
+        claim_columns(model, opts, conn),
+        Statement(candidates_sql, candidates_params),
+        processing=opts.value("processing"),
+        ready=opts.value("ready"),
+        lease=lease,
+        worker=worker,
+    )
+    with conn.cursor() as cursor:
+        cursor.execute(statement.sql, statement.params)
+        fetched = cursor.fetchall()
+    recovered = [row[-1] for row in fetched]
+    tasks = _instances(model, qs.db, [row[:-1] for row in fetched])
+    for task, flag in zip(tasks, recovered, strict=True):
+        if flag:
+            setattr(task, RECOVERED_ATTR, True)
+    return _sort(tasks, opts.ordering)
+
+
+_COMPLETE_SQL: dict[tuple[type[models.Model], str, tuple[str, ...]], str] = {}
+
+
+def complete_many_in_one(
+    model: type[models.Model],
+    using: str,
+    opts: ClaimOptions,
+    tokens: dict[Any, int],
+    results: dict[Any, dict[str, Any]] | None = None,
+) -> int:
+    """Complete the rows of ``tokens`` (pk → claimed version) in one fenced UPDATE from
+    per-row arrays (the vendor's
+    :meth:`~django_taskclaim.backends.base.DatabaseSQL.complete_many_sql`, where
+    :attr:`~django_taskclaim.backends.base.DatabaseSQL.completes_from_arrays`); return how
+    many rows it wrote.
+
+    The statement text is the same for every batch (built once per model and result
+    fields) and no per-row parameter is formatted, which halves the cost of acknowledging
+    a batch of 100. ``results`` (pk → result fields; every row the same field names,
+    plain values) are written in the same statement, each row its own values.
+    """
+    conn = connections[using]
+    pk_field = model._meta.pk
+    names: tuple[str, ...] = ()
+    if results:
+        names = tuple(sorted(next(iter(results.values()))))
+    key = (model, using, names)
+    sql = _COMPLETE_SQL.get(key)
+    if sql is None:
+        qn = conn.ops.quote_name
+        version_field = model._meta.get_field("version")
+        sql = _COMPLETE_SQL[key] = for_connection(conn).complete_many_sql(
+            claim_columns(model, opts, conn),
+            pk_type=str(pk_field.cast_db_type(conn)),
+            version_type=str(version_field.cast_db_type(conn)),  # type: ignore[union-attr]
+            results=[
+                (column(model, name, qn), str(model._meta.get_field(name).cast_db_type(conn)))  # type: ignore[union-attr]
+                for name in names
+            ],
+        )
+    pks = [pk_field.get_db_prep_value(pk, conn) for pk in tokens]
+    columns: list[list[Any]] = []
+    for name in names:
+        field = model._meta.get_field(name)
+        prep = field.get_db_prep_save  # type: ignore[union-attr]
+        columns.append([prep((results or {})[pk][name], conn) for pk in tokens])
+    params = [opts.value("done"), pks, list(tokens.values()), *columns, opts.value("processing")]
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.rowcount)
