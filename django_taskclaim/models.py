@@ -1,4 +1,5 @@
-"""Models of the app itself: the lease-lock table and the worker registry.
+"""Models of the app itself: the lease-lock table, the worker registry, and the periodic
+work records (the slots enqueued, and the runs of periodic functions).
 
 The abstract mixins users put on their own models live in :mod:`django_taskclaim.mixins`
 and are re-exported here, so ``from django_taskclaim.models import ClaimableModel`` works.
@@ -6,6 +7,9 @@ and are re-exported here, so ``from django_taskclaim.models import ClaimableMode
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -27,6 +31,8 @@ __all__ = [
     "ClaimableModel",
     "ErrorFieldMixin",
     "Lease",
+    "PeriodicRun",
+    "PeriodicSlot",
     "ScheduleFieldsMixin",
     "StatusFieldMixin",
     "TimestampFieldsMixin",
@@ -79,3 +85,59 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+class PeriodicSlot(models.Model):
+    """One slot of a periodic schedule, enqueued: the insert-as-lock of that slot.
+
+    Unique on ``(schedule, slot)``: the scheduler inserts it in the same transaction as
+    the work it enqueues, so a second scheduler's insert of the same slot fails and
+    enqueues nothing. ``target`` / ``target_pk`` name the row the slot created.
+    """
+
+    schedule = models.CharField(_("schedule"), max_length=200)
+    slot = models.DateTimeField(_("slot"))
+    created_at = models.DateTimeField(_("enqueued at"), db_default=DbNow())
+    enqueued_by = models.CharField(_("enqueued by"), max_length=255, blank=True, default="")
+    target = models.CharField(_("model"), max_length=255, blank=True, default="")
+    target_pk = models.CharField(_("row"), max_length=255, blank=True, default="")
+
+    class Meta:
+        verbose_name = _("periodic slot")
+        verbose_name_plural = _("periodic slots")
+        ordering = ["-slot"]
+        constraints = [
+            models.UniqueConstraint(fields=["schedule", "slot"], name="taskclaim_slot_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.schedule} @ {self.slot:%Y-%m-%d %H:%M:%S}"
+
+
+class PeriodicRun(ClaimableModel):
+    """The run of a periodic function for one slot: an ordinary claimable row, so it is
+    leased, retried, recovered and fenced like any task. ``result`` holds what the
+    function returned (JSON, or its ``repr``)."""
+
+    schedule = models.CharField(_("schedule"), max_length=200)
+    slot = models.DateTimeField(_("slot"))
+    function = models.CharField(_("function"), max_length=255)
+    result = models.JSONField(_("result"), null=True, blank=True, encoder=DjangoJSONEncoder)
+
+    class Meta(ClaimableModel.Meta):
+        verbose_name = _("periodic run")
+        verbose_name_plural = _("periodic runs")
+        ordering = ["-slot"]
+        constraints = [
+            models.UniqueConstraint(fields=["schedule", "slot"], name="taskclaim_run_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.schedule} @ {self.slot:%Y-%m-%d %H:%M:%S}"
+
+    def process(self) -> Any:
+        """Call the function (with this row if it takes an argument); see
+        :func:`django_taskclaim.periodic.slots.run_function`."""
+        from .periodic.slots import run_function
+
+        return run_function(self)

@@ -23,8 +23,8 @@ dashboard lives at ``admin:taskclaim_dashboard`` and on the app's index page
 file ``django_taskclaim/admin.css``.
 
 Modules: :mod:`.mixin` (the mixin), :mod:`.actions` (its actions), :mod:`.filters`,
-:mod:`.dashboard`, :mod:`.own_models` (the app's models) and :mod:`.display` (badges,
-labels, durations).
+:mod:`.dashboard`, :mod:`.own_models` (the app's models), :mod:`.periodic` (the periodic
+schedules, slots and runs) and :mod:`.display` (badges, labels, durations).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from .mixin import (
 )
 from .own_models import LeaseAdmin, ReadOnlyAdminMixin, WorkerProcessAdmin
 from .own_models import _AliveFilter as _AliveFilter
+from .periodic import PeriodicRunAdmin, PeriodicSlotAdmin
 
 #: The admin site of a request's ``current_app`` (used by the ``taskclaim_dashboard`` tag).
 _site_by_name = site_by_name
@@ -65,6 +66,8 @@ __all__ = [
     "ErrorFilter",
     "LeaseAdmin",
     "LeaseFilter",
+    "PeriodicRunAdmin",
+    "PeriodicSlotAdmin",
     "ReadOnlyAdminMixin",
     "WorkerProcessAdmin",
     "annotated_now",

@@ -48,6 +48,7 @@ class WorkerConfig:
     worker_id: str | None = None
     reap: bool = True
     queue: str | None = None
+    scheduler: bool = True
     handlers: dict[type[Model], Callable[[Any], Any]] = field(default_factory=dict)
     strategies: dict[type[Model], str] = field(default_factory=dict)
 
@@ -90,6 +91,7 @@ class WorkerConfig:
         reap: bool = True,
         queue: str | None = None,
         until_empty: bool = False,
+        scheduler: bool = True,
     ) -> WorkerConfig:
         """Validate user input; raise :class:`ConfigurationError` naming the fix.
 
@@ -198,6 +200,7 @@ class WorkerConfig:
             worker_id=worker_id,
             reap=bool(reap),
             queue=queue,
+            scheduler=bool(scheduler),
             handlers=handlers,
             strategies=strategies,
         )

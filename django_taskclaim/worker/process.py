@@ -40,6 +40,7 @@ from .heartbeat import Heartbeat
 from .ledger import Ledger
 from .reaping import Reaping, reap_before_burst
 from .registry import Registry
+from .scheduler import Scheduler
 from .scope import Scope
 
 logger = logging.getLogger("django_taskclaim.worker")
@@ -268,6 +269,16 @@ class Worker:
                     halt=self._halt,
                     stopping=self._stopping,
                     on_requeued=self._after_reap,
+                )
+            )
+        if self.config.scheduler and not self.config.burst:
+            self._helpers.append(
+                Scheduler(
+                    using=self.using,
+                    worker_id=self.worker_id,
+                    halt=self._halt,
+                    stopping=self._stopping,
+                    served=self.config.models,
                 )
             )
         for t in self._helpers:

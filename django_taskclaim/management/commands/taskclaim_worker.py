@@ -73,6 +73,11 @@ class Command(BaseCommand):
         parser.add_argument("--database", default=None, help="database alias (default 'default')")
         parser.add_argument("--no-reap", action="store_true", help="do not reap periodically")
         parser.add_argument("--queue", default=None, help="only rows whose queue_name is NAME")
+        parser.add_argument(
+            "--no-scheduler",
+            action="store_true",
+            help="do not enqueue the slots of @periodic schedules in this worker",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(int(options["verbosity"]))
@@ -96,6 +101,7 @@ class Command(BaseCommand):
                 worker_id=options["worker_id"],
                 reap=not options["no_reap"],
                 queue=options["queue"],
+                scheduler=not options["no_scheduler"],
             )
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from None

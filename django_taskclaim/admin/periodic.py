@@ -1,0 +1,125 @@
+"""The admin of periodic work: the schedules (next run, last run, outcome) above the slots
+enqueued, and the runs of periodic functions as an ordinary claimable changelist."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db import router
+from django.http import HttpRequest, HttpResponse
+from django.urls import NoReverseMatch, reverse
+from django.utils.html import format_html
+from django.utils.text import Truncator
+from django.utils.translation import gettext_lazy as _
+
+from ..models import PeriodicRun, PeriodicSlot
+from ..monitoring import db_now
+from ..periodic import discover, schedules
+from ..periodic.slots import ScheduleState, schedule_state
+from .display import STYLESHEET, badge, humanize_seconds
+from .mixin import ClaimableAdminMixin
+from .own_models import ReadOnlyAdminMixin
+
+__all__ = ["PeriodicRunAdmin", "PeriodicSlotAdmin", "schedule_rows"]
+
+
+def _change_url(label: str, pk: str, site_name: str) -> str:
+    app_label, _dot, model_name = label.partition(".")
+    try:
+        return reverse(
+            f"admin:{app_label}_{model_name.lower()}_change", args=[pk], current_app=site_name
+        )
+    except NoReverseMatch:
+        return ""
+
+
+def schedule_rows(site_name: str = "admin", using: str | None = None) -> list[dict[str, Any]]:
+    """One row per schedule registered in this process (after discovering the apps'
+    ``periodic`` modules): what it runs, its next and last slot, and the state of the
+    row its last slot created. Times are the database's."""
+    discover()
+    using = using or router.db_for_read(PeriodicSlot)
+    now = db_now(using)
+    return [_row(schedule_state(s, now, using=using), now, site_name) for s in schedules()]
+
+
+def _row(state: ScheduleState, now: Any, site_name: str) -> dict[str, Any]:
+    schedule = state.schedule
+    policy = schedule.missed
+    if policy == "catch_up":
+        policy = f"catch_up (≤ {schedule.max_catch_up})"
+    next_in = ""
+    if state.next_slot is not None and not state.overdue:
+        next_in = humanize_seconds((state.next_slot - now).total_seconds())
+    return {
+        "name": schedule.name,
+        "text": schedule.text,
+        "zone": schedule.zone_name,
+        "missed": policy,
+        "target": schedule.target,
+        "next_slot": state.next_slot,
+        "next_in": next_in,
+        "overdue": state.overdue,
+        "last_slot": state.last_slot,
+        "last_enqueued_by": state.last_enqueued_by,
+        "outcome": badge(state.outcome, None) if state.outcome else "",
+        "last_error": Truncator(state.last_error.strip().splitlines()[-1]).chars(120)
+        if state.last_error.strip()
+        else "",
+        "work_url": _change_url(schedule.target_label, state.target_pk, site_name)
+        if state.target_pk
+        else "",
+    }
+
+
+@admin.register(PeriodicSlot)
+class PeriodicSlotAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """The slots enqueued, with the registered schedules above them. Rows are never
+    edited or deleted here: a schedule resumes after its latest slot, so deleting it
+    would let that slot be enqueued again."""
+
+    list_display = ("schedule", "slot", "enqueued_by", "created_at", "work")
+    list_filter = ("schedule",)
+    search_fields = ("schedule",)
+    date_hierarchy = None
+    change_list_template = "django_taskclaim/admin/periodic_slots.html"
+
+    class Media:
+        css = {"all": [STYLESHEET]}
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Never: see the class docstring."""
+        return False
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        """The changelist, with ``taskclaim_schedules`` (:func:`schedule_rows`)."""
+        context = {
+            **(extra_context or {}),
+            "taskclaim_schedules": schedule_rows(self.admin_site.name),
+        }
+        return super().changelist_view(request, context)
+
+    @admin.display(description=_("work"))
+    def work(self, obj: PeriodicSlot) -> str:
+        """The row the slot created, linked to its admin page when it has one."""
+        if not obj.target_pk:
+            return "—"
+        text = f"{obj.target} #{obj.target_pk}"
+        url = _change_url(obj.target, obj.target_pk, self.admin_site.name)
+        return format_html('<a href="{}">{}</a>', url, text) if url else text
+
+
+@admin.register(PeriodicRun)
+class PeriodicRunAdmin(ClaimableAdminMixin, admin.ModelAdmin):  # type: ignore[misc]
+    """The runs of periodic functions: status, attempts, holder, lease, errors and the
+    fenced actions, as for any claimable model. Runs are created by the scheduler only."""
+
+    list_display = ("schedule", "slot", "function")
+    list_filter = ("schedule",)
+    search_fields = ("schedule", "function")
+    readonly_fields = ("schedule", "slot", "function", "result")
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Never: the scheduler creates runs, one per slot."""
+        return False
