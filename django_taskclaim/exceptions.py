@@ -72,15 +72,18 @@ class Retry(Exception):
     """
 
     def __init__(self, delay: float | timedelta | None = None, reason: str = "") -> None:
+        seconds: float | None = None
         if delay is not None:
             from . import bounds  # bounds raises ConfigurationError, defined here
 
-            delay = bounds.number(
+            seconds = bounds.number(
                 delay, "Retry delay", bounds.RETRY_DELAY, seconds=True, error=ValueError
             )
-        self.delay = delay
+        #: Seconds before the next attempt (a ``timedelta`` given is converted), or ``None``
+        #: for the model's backoff.
+        self.delay: float | None = seconds
         self.reason = reason
-        super().__init__(reason or (f"retry in {delay}s" if delay is not None else "retry"))
+        super().__init__(reason or (f"retry in {seconds:g}s" if seconds is not None else "retry"))
 
 
 class Fail(Exception):
