@@ -89,6 +89,10 @@ class Claimer(threading.Thread):
             if not want:  # --max-tasks claimed: end once the last one settles
                 self._finish()
                 return
+            # Rows in flight while this claim runs may be made ready again meanwhile (a
+            # retry written as an executor settles): an empty claim ends a burst only if
+            # nothing was in flight when it started.
+            busy = self.ledger.in_flight()
             try:
                 rows = self._claim(models, turn, want)
                 turn += 1
@@ -117,7 +121,7 @@ class Claimer(threading.Thread):
                 continue
             self.acks.flush()  # nothing to claim: no reason to keep completions waiting
             if self.config.burst:
-                if self.ledger.in_flight():
+                if busy or self.ledger.in_flight():
                     # They may retry: once they have all settled, one last look.
                     while not self.stopping.is_set() and not self.ledger.wait_until_idle(poll):
                         pass
