@@ -1,6 +1,7 @@
 """The ``django.tasks`` backend's throughput, beside the core worker on a plain model.
 
     python benchmarks/tasks_backend.py [--tasks 10000] [--repeat 3] [--json PATH]
+                                       [--quick] [--no-peer]
 
 Enqueues no-op ``@task`` functions through the public API (``noop.enqueue(i)``, one
 INSERT each, inside one transaction), drains them with the real ``manage.py
@@ -10,6 +11,15 @@ with the core worker as the reference, and — when installed (``pip install --g
 bench``) — the same tasks through django-tasks-db's backend and two of its ``db_worker
 --batch`` processes. PostgreSQL only (the server at 127.0.0.1:5432, or
 an embedded one). Prints a table and writes JSON (default ``var/bench-tasks-backend.json``).
+
+Each repeat runs every backend configuration and then the plain model, so the ratio
+backend / plain is also taken per repeat, between runs minutes apart at most (the
+machine's load drifts); its median is reported beside the ratio of the medians. One
+backend row sets the ``django.tasks`` logger to WARNING, where Django's own receivers of
+``task_started`` / ``task_finished`` log one INFO line each per task: beside the row
+with the settings' logging (Django's default ``LOGGING``, ``DEBUG = False``: no handler
+prints those lines) it shows what logging still costs. ``--quick``: the batch-100 rows
+only; ``--no-peer``: no django-tasks-db.
 """
 
 from __future__ import annotations
@@ -28,12 +38,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings_tasks")
 
-#: (label, processes, threads, batch)
-CONFIGS = [
-    ("2 processes x 4 threads, batch 10", 2, 4, 10),
-    ("2 processes x 4 threads, batch 100", 2, 4, 100),
-    ("2 processes x 1 thread, batch 1", 2, 1, 1),
-]
+#: (label, processes, threads, batch, environment of the worker)
+CONFIGS: list[tuple[str, int, int, int, dict[str, str]]] = [
+    ("2 processes x 4 threads, batch 10", 2, 4, 10, {}),
+    ("2 processes x 4 threads, batch 100", 2, 4, 100, {}),
+    ("2 processes x 1 thread, batch 1", 2, 1, 1, {}),
+    (
+        "2 processes x 4 threads, batch 100, django.tasks log WARNING",
+        2, 4, 100, {"TASKCLAIM_BENCH_TASKS_LOG_LEVEL": "WARNING"},
+    ),
+]  # fmt: skip
+#: The configuration compared with the plain model (the issue's reference row).
+REFERENCE = CONFIGS[1][0]
+#: The plain model's configuration.
+PLAIN = ("2 processes x 4 threads, batch 100", 2, 4, 100)
 
 
 def setup() -> None:
@@ -55,13 +73,15 @@ def setup() -> None:
     call_command("migrate", run_syncdb=True, verbosity=0)
 
 
-def drain(model_label: str, processes: int, threads: int, batch: int) -> None:
+def drain(
+    model_label: str, processes: int, threads: int, batch: int, extra_env: dict[str, str]
+) -> None:
     argv = [
         sys.executable, "-m", "django", "taskclaim_worker", model_label, "--burst",
         "--processes", str(processes), "--concurrency", str(threads), "--batch", str(batch),
         "--no-reap",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **extra_env}
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1200)
     if done.returncode != 0:
         raise RuntimeError(f"worker exited {done.returncode}:\n{done.stderr[-2000:]}")
@@ -77,7 +97,9 @@ def rate(model: Any, done: str = "done") -> float:
     return (n - 1) / span if span > 0 else float("inf")
 
 
-def run_backend(n: int, processes: int, threads: int, batch: int) -> float:
+def run_backend(
+    n: int, processes: int, threads: int, batch: int, extra_env: dict[str, str]
+) -> float:
     from django.db import transaction
 
     from benchmarks.benchapp.tasks import noop
@@ -87,7 +109,7 @@ def run_backend(n: int, processes: int, threads: int, batch: int) -> float:
     with transaction.atomic():
         for i in range(n):
             noop.enqueue(i)
-    drain("taskclaim_tasks.QueuedTask", processes, threads, batch)
+    drain("taskclaim_tasks.QueuedTask", processes, threads, batch, extra_env)
     left = QueuedTask.objects.exclude(status="done").count()
     if left:
         raise RuntimeError(f"{left} tasks not done")
@@ -99,7 +121,7 @@ def run_plain(n: int, processes: int, threads: int, batch: int) -> float:
 
     BenchTask.objects.all().delete()
     BenchTask.objects.bulk_create([BenchTask() for _ in range(n)], batch_size=5000)
-    drain("benchapp.BenchTask", processes, threads, batch)
+    drain("benchapp.BenchTask", processes, threads, batch, {})
     return rate(BenchTask)
 
 
@@ -154,6 +176,8 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=10_000)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json", default=str(ROOT / "var" / "bench-tasks-backend.json"))
+    p.add_argument("--quick", action="store_true", help="the batch-100 backend rows only")
+    p.add_argument("--no-peer", action="store_true", help="skip django-tasks-db")
     p.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)  # child run
     args = p.parse_args()
     if args.peer:
@@ -165,37 +189,54 @@ def main() -> None:
         print(json.dumps([row]))
         return
     setup()
-    rows: list[dict[str, Any]] = []
-    for label, procs, threads, batch in CONFIGS:
-        runs = [run_backend(args.tasks, procs, threads, batch) for _ in range(args.repeat)]
-        rows.append({"system": "taskclaim TaskClaimBackend", "config": label, "runs": runs})
-    plain = [run_plain(args.tasks, 2, 4, 100) for _ in range(args.repeat)]
-    rows.append(
-        {"system": "taskclaim, plain ClaimableModel", "config": CONFIGS[1][0], "runs": plain}
-    )
-    peers = peer_rows(args)
+    configs = [c for c in CONFIGS if not args.quick or c[3] == 100]
+    backend: dict[str, list[float]] = {c[0]: [] for c in configs}
+    plain_runs: list[float] = []
+    paired: list[float] = []  # backend (REFERENCE) / plain, within each repeat
+    for _ in range(args.repeat):
+        for label, procs, threads, batch, extra_env in configs:
+            backend[label].append(run_backend(args.tasks, procs, threads, batch, extra_env))
+        plain_runs.append(run_plain(args.tasks, *PLAIN[1:]))
+        paired.append(backend[REFERENCE][-1] / plain_runs[-1])
+    rows: list[dict[str, Any]] = [
+        {"system": "taskclaim TaskClaimBackend", "config": label, "runs": runs}
+        for label, runs in backend.items()
+    ]
+    plain_row = {"system": "taskclaim, plain ClaimableModel", "config": PLAIN[0]}
+    plain_row["runs"] = plain_runs
+    rows.append(plain_row)
+    peers = [] if args.no_peer else peer_rows(args)
     rows.extend(peers)
-    print(f"\n{'system':36} {'config':38} {'tasks/s (median)':>16}  runs")
+    print(f"\n{'system':32} {'config':62} {'tasks/s (median)':>16}  runs")
     for row in rows:
         row["median"] = statistics.median(row["runs"])
         runs = ", ".join(f"{r:,.0f}" for r in row["runs"])
-        print(f"{row['system']:36} {row['config']:38} {row['median']:16,.0f}  {runs}")
-    backend = [r for r in rows if r["system"].startswith("taskclaim TaskClaimBackend")]
-    plain = next(r for r in rows if "plain" in r["system"])
-    best = max(r["median"] for r in backend)
-    ratio = best / plain["median"]
-    print(f"\nbackend best / plain model: {ratio:.0%}")
+        print(f"{row['system']:32} {row['config']:62} {row['median']:16,.0f}  {runs}")
+    by_config = {r["config"]: r for r in rows if r["system"].startswith("taskclaim TaskClaim")}
+    plain = plain_row
+    ratio = by_config[REFERENCE]["median"] / plain["median"]
+    paired_ratio = statistics.median(paired)
+    print(
+        f"\nbackend ({REFERENCE}) / plain model: {ratio:.0%} (medians); "
+        f"{paired_ratio:.0%} (median of per-repeat ratios: "
+        f"{', '.join(f'{r:.0%}' for r in paired)})"
+    )
+    best = max(r["median"] for r in by_config.values())
     peer_ratio = None
     if peers:
-        peer_ratio = best / max(r["median"] for r in peers)
-        print(f"backend best / django-tasks-db best: {peer_ratio:.1f}x")
+        peer_ratio = by_config[REFERENCE]["median"] / max(r["median"] for r in peers)
+        print(f"backend ({REFERENCE}) / django-tasks-db best: {peer_ratio:.1f}x")
     out = {
         "command": " ".join(["python", *sys.argv]),
         "tasks": args.tasks,
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "rows": rows,
-        "backend_best_over_plain": ratio,
-        "backend_best_over_django_tasks_db": peer_ratio,
+        "reference_config": REFERENCE,
+        "backend_over_plain": ratio,
+        "backend_over_plain_paired": paired,
+        "backend_over_plain_paired_median": paired_ratio,
+        "backend_best_over_plain": best / plain["median"],
+        "backend_over_django_tasks_db": peer_ratio,
     }
     Path(args.json).parent.mkdir(exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=2))

@@ -3,7 +3,7 @@
 import os
 
 from tests.settings import *  # noqa: F403
-from tests.settings import INSTALLED_APPS
+from tests.settings import INSTALLED_APPS, LOGGING
 
 INSTALLED_APPS = [*INSTALLED_APPS, "django_taskclaim.contrib.tasks"]
 
@@ -20,3 +20,14 @@ MAILERS = {"default": {"BACKEND": "django.core.mail.backends.locmem.EmailBackend
 
 # Worker subprocesses of the recovery tests reap often.
 TASKCLAIM_REAP_INTERVAL = float(os.environ.get("TASKCLAIM_TEST_REAP_INTERVAL", "30"))
+
+# Worker subprocesses that must show the lines Django's task signal receivers log.
+if os.environ.get("TASKCLAIM_TEST_TASKS_LOG"):
+    LOGGING = {
+        **LOGGING,
+        "handlers": {**LOGGING["handlers"], "tasks_stderr": {"class": "logging.StreamHandler"}},
+        "loggers": {
+            **LOGGING["loggers"],
+            "django.tasks": {"handlers": ["tasks_stderr"], "level": "INFO", "propagate": False},
+        },
+    }

@@ -8,12 +8,15 @@ process and by worker subprocesses alike.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 
 from django.core.mail import send_mail
 from django.tasks import task
+from django.tasks.signals import task_finished, task_started
 
+from django_taskclaim.contrib.tasks.backend import ClaimTask
 from django_taskclaim.exceptions import Fail, Retry
 from tests.helpers import simulate_work
 
@@ -117,3 +120,68 @@ def one_shot(message):
 @task
 def add(a, b=0):
     return a + b
+
+
+@task
+def returns_nan():
+    return float("nan")
+
+
+@task
+def returns_tuple_and_bytes():
+    return (1, "two", b"three")
+
+
+@task
+def retry_in_a_timedelta(minutes):
+    from datetime import timedelta
+
+    raise Retry(timedelta(minutes=minutes))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class TracedTask(ClaimTask):
+    """A Task class with its own ``call()``: the worker must call through it."""
+
+    def call(self, *args, **kwargs):
+        return {"called_through": "TracedTask.call", "value": ClaimTask.call(self, *args, **kwargs)}
+
+
+def traced_add(a, b=0):
+    return a + b
+
+
+traced_add = TracedTask(func=traced_add)  # the name now holds the Task, as with @task
+
+
+# -- receivers of Django's task signals, connected in worker processes that ask for them --
+def _record_started(sender, task_result, **kwargs):
+    from tests.testapp.models import Document
+
+    Document.objects.create(
+        title=f"started {task_result.id}",
+        kind=task_result.status.value,
+        payload={"sender": sender.__name__, "worker_ids": task_result.worker_ids},
+    )
+
+
+def _record_finished(sender, task_result, **kwargs):
+    from django.tasks import default_task_backend
+
+    from tests.testapp.models import Document
+
+    stored = default_task_backend.get_result(task_result.id)  # written before the signal
+    Document.objects.create(
+        title=f"finished {task_result.id}",
+        kind=task_result.status.value,
+        payload={
+            "return_value": task_result.return_value,
+            "stored_status": stored.status.value,
+            "stored_return_value": stored.return_value,
+        },
+    )
+
+
+if os.environ.get("TASKCLAIM_TEST_TASK_RECEIVERS"):
+    task_started.connect(_record_started)
+    task_finished.connect(_record_finished)

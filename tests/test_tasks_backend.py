@@ -6,10 +6,15 @@ Needs the sub-app installed: run with ``--ds=tests.settings_tasks``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib
+import inspect
+import logging
 import math
 import re
 import subprocess
+import sys
 import threading
 from datetime import datetime, timedelta
 
@@ -32,10 +37,17 @@ from django.tasks.exceptions import (
     TaskResultDoesNotExist,
     TaskResultMismatch,
 )
-from django.tasks.signals import task_enqueued, task_finished, task_started
+from django.tasks.signals import (
+    log_task_finished,
+    log_task_started,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
 from django.test import override_settings
 from django.utils import timezone
 
+from django_taskclaim.contrib.tasks import runner
 from django_taskclaim.contrib.tasks.apps import check_django_version
 from django_taskclaim.contrib.tasks.backend import TaskClaimBackend
 from django_taskclaim.contrib.tasks.models import QueuedTask
@@ -332,6 +344,315 @@ def test_task_context_sees_its_result_id_and_attempt():
     assert run_one()[1] == "done"
     result.refresh()
     assert result.return_value == 1
+
+
+# -- signals and Django's log lines without a TaskResult ----------------------------------------
+@pytest.fixture
+def results_built(monkeypatch):
+    """The TaskResults the runner builds (for a signal or a task context), as a list."""
+    built = []
+    real = runner.to_result
+
+    def counting(row, **kwargs):
+        result = real(row, **kwargs)
+        built.append(result)
+        return result
+
+    monkeypatch.setattr(runner, "to_result", counting)
+    return built
+
+
+def _task_lines(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "django.tasks"]
+
+
+def test_djangos_log_lines_are_written_without_building_a_result(caplog, results_built):
+    result = ex.add.enqueue(2, b=3)
+    with caplog.at_level(logging.INFO, logger="django.tasks"):
+        assert run_one()[1] == "done"
+    path = "tests.tasks_examples.add"
+    assert _task_lines(caplog) == [
+        f"Task id={result.id} path={path} state=RUNNING",
+        f"Task id={result.id} path={path} state=SUCCESSFUL",
+    ]
+    assert results_built == []  # only Django's own receivers: nothing else reads a result
+    result.refresh()
+    assert result.return_value == 5
+
+
+def test_receivers_connected_later_get_full_results_until_disconnected(caplog, results_built):
+    first, second, third = ex.add.enqueue(1), ex.add.enqueue(2), ex.add.enqueue(3)
+    with caplog.at_level(logging.INFO, logger="django.tasks"):
+        assert run_one()[1] == "done"
+        assert results_built == []
+        seen = []
+
+        def on_started(sender, task_result, **kwargs):
+            seen.append(("started", sender, task_result.id, task_result.status))
+
+        def on_finished(sender, task_result, **kwargs):
+            seen.append(("finished", sender, task_result.id, task_result.return_value))
+
+        task_started.connect(on_started)
+        task_finished.connect(on_finished)
+        try:
+            assert run_one()[1] == "done"
+        finally:
+            task_started.disconnect(on_started)
+            task_finished.disconnect(on_finished)
+        assert run_one()[1] == "done"
+    assert seen == [
+        ("started", TaskClaimBackend, second.id, TaskResultStatus.RUNNING),
+        ("finished", TaskClaimBackend, second.id, 2),
+    ]
+    assert len(results_built) == 2  # one per signal, for the second task only
+    states = [(line.split()[1], line.split()[-1]) for line in _task_lines(caplog)]
+    assert states == [
+        (f"id={r.id}", state)
+        for r in (first, second, third)
+        for state in ("state=RUNNING", "state=SUCCESSFUL")
+    ]
+
+
+def test_without_any_receiver_nothing_is_logged_or_built(caplog, results_built):
+    result = ex.add.enqueue(4)
+    assert task_started.disconnect(log_task_started)
+    assert task_finished.disconnect(log_task_finished)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="django.tasks"):
+            assert run_one()[1] == "done"
+    finally:
+        task_started.connect(log_task_started)
+        task_finished.connect(log_task_finished)
+    assert _task_lines(caplog) == []
+    assert results_built == []
+    result.refresh()
+    assert result.return_value == 4
+
+
+def test_a_task_that_takes_a_context_gets_the_result_the_signal_carries(capture):
+    started = capture(task_started)
+    result = ex.flaky.enqueue(succeed_on=1)
+    assert run_one()[1] == "done"
+    assert [(r.id, r.status, r.attempts) for _s, r in started] == [
+        (result.id, TaskResultStatus.RUNNING, 1)
+    ]
+
+
+@contextlib.contextmanager
+def records_built():
+    """Yield the list of log records made for the ``django.tasks`` logger. Meanwhile the
+    ``django`` logger keeps Django's own handlers only: pytest's capturing handlers (on
+    it and on the root logger, added for each test phase) would emit every record."""
+    django_logger = logging.getLogger("django")
+    saved = django_logger.handlers, django_logger.propagate
+    built = []
+    real = logging.Logger.makeRecord
+
+    def counting(self, name, *args, **kwargs):
+        record = real(self, name, *args, **kwargs)
+        if name == "django.tasks":
+            built.append(record.getMessage())
+        return record
+
+    django_logger.handlers = [
+        h for h in django_logger.handlers if not type(h).__module__.startswith("_pytest")
+    ]
+    django_logger.propagate = False
+    logging.Logger.makeRecord = counting  # type: ignore[method-assign]
+    try:
+        yield built
+    finally:
+        logging.Logger.makeRecord = real  # type: ignore[method-assign]
+        django_logger.handlers, django_logger.propagate = saved
+
+
+def test_djangos_log_line_is_not_even_built_where_no_handler_prints_it():
+    # Django's default LOGGING: the django logger's INFO records go to a console handler
+    # that drops them unless DEBUG is on.
+    tasks_logger = logging.getLogger("django.tasks")
+    quiet, loud = ex.add.enqueue(1), ex.add.enqueue(2)
+    with records_built() as built:
+        with override_settings(DEBUG=False):
+            assert not runner.log_would_emit(tasks_logger, logging.INFO)
+            assert runner.log_would_emit(tasks_logger, logging.ERROR)  # mailed to the admins
+            assert run_one()[1] == "done"
+        assert built == []
+        with override_settings(DEBUG=True):
+            assert runner.log_would_emit(tasks_logger, logging.INFO)
+            assert run_one()[1] == "done"
+    assert built == [
+        f"Task id={loud.id} path=tests.tasks_examples.add state=RUNNING",
+        f"Task id={loud.id} path=tests.tasks_examples.add state=SUCCESSFUL",
+    ]
+    results = [default_task_backend.get_result(r.id) for r in (quiet, loud)]
+    assert [r.return_value for r in results] == [1, 2]
+
+
+class _Counting(logging.Filter):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("handler_level", "filters", "logger_filter", "debug", "emits"),
+    [
+        (logging.NOTSET, [], False, False, True),
+        (logging.WARNING, [], False, False, False),
+        (logging.NOTSET, ["debug_true"], False, False, False),
+        (logging.NOTSET, ["debug_true"], False, True, True),
+        (logging.NOTSET, ["debug_false"], False, False, True),
+        (logging.NOTSET, ["debug_false"], False, True, False),
+        (logging.NOTSET, ["debug_true", "other"], False, False, True),
+        (logging.WARNING, [], True, False, True),
+    ],
+)
+def test_log_would_emit_follows_levels_and_djangos_debug_filters(
+    handler_level, filters, logger_filter, debug, emits
+):
+    from django.utils.log import RequireDebugFalse, RequireDebugTrue
+
+    kinds = {"debug_true": RequireDebugTrue, "debug_false": RequireDebugFalse, "other": _Counting}
+    parent = logging.getLogger(f"taskclaim.tests.emit.{handler_level}.{'-'.join(filters)}")
+    child = logging.getLogger(f"{parent.name}.child")
+    handler = logging.NullHandler(level=handler_level)
+    for name in filters:
+        handler.addFilter(kinds[name]())
+    parent.handlers, parent.propagate, parent.level = [handler], False, logging.DEBUG
+    child.filters = [_Counting()] if logger_filter else []
+    with override_settings(DEBUG=debug):
+        assert runner.log_would_emit(child, logging.INFO) is emits
+        child.propagate = False  # the parent's handler is no longer reached
+        assert runner.log_would_emit(child, logging.INFO) is (logger_filter or False)
+        assert runner.log_would_emit(child, logging.WARNING) is True  # logging's last resort
+        child.propagate = True
+
+
+# -- what a successful attempt writes ----------------------------------------------------------
+def test_a_retried_success_keeps_the_first_start_and_the_earlier_errors():
+    result = ex.flaky.enqueue(succeed_on=2)
+    assert drain() == ["ready", "done"]
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.worker_ids == ["w-test", "w-test"]
+    assert [e.exception_class for e in result.errors] == [RuntimeError]
+    assert result.enqueued_at <= result.started_at < result.last_attempted_at
+    assert result.last_attempted_at <= result.finished_at
+    row = QueuedTask.objects.get(pk=result.id)
+    assert row.attempt_open is False
+
+
+def test_a_row_an_older_version_left_open_is_closed_by_its_success():
+    result = ex.calculate_meaning_of_life.enqueue()
+    # An older version listed the worker and set attempt_open when the attempt began;
+    # its worker died and the row was reaped back to ready.
+    QueuedTask.objects.filter(pk=result.id).update(
+        attempts=1,
+        worker_ids=["old-w"],
+        attempt_open=True,
+        last_error="lease expired; held by old-w",
+    )
+    assert run_one()[1] == "done"
+    row = QueuedTask.objects.get(pk=result.id)
+    assert row.attempt_open is False
+    assert row.worker_ids == ["old-w", "w-test"]
+    assert [e["exception_class_path"] for e in row.errors] == [
+        "django_taskclaim.contrib.tasks.exceptions.WorkerLost"
+    ]
+    assert row.return_value == 42
+
+
+def test_return_values_are_normalised_like_djangos_or_refused():
+    ok = ex.returns_tuple_and_bytes.enqueue()
+    nan = ex.returns_nan.enqueue()
+    assert sorted(drain()) == ["done", "failed"]
+    ok.refresh()
+    assert ok.return_value == [1, "two", "three"]
+    nan.refresh()
+    assert nan.status == TaskResultStatus.FAILED
+    assert "cannot be stored as JSON: Out of range float values" in nan.errors[0].traceback
+
+
+def test_retry_with_a_timedelta_delay():
+    result = ex.retry_in_a_timedelta.enqueue(5)
+    assert run_one()[1] == "ready"
+    row = QueuedTask.objects.annotate(db_now=DbNow()).get(pk=result.id)
+    assert timedelta(seconds=290) < row.run_after - row.db_now <= timedelta(seconds=300)
+
+
+def test_a_task_class_with_its_own_call_is_called_through_it():
+    result = ex.traced_add.enqueue(1, b=2)
+    assert run_one()[1] == "done"
+    result.refresh()
+    assert result.return_value == {"called_through": "TracedTask.call", "value": 3}
+
+
+def test_a_path_that_did_not_import_is_tried_again_and_then_runs(tmp_path, monkeypatch):
+    module = f"taskclaim_late_tasks_{tmp_path.name.replace('-', '_')}"
+    monkeypatch.syspath_prepend(str(tmp_path))
+    early, late = ex.add.enqueue(1), ex.add.enqueue(2)
+    QueuedTask.objects.filter(pk__in=[early.id, late.id]).update(task_path=f"{module}.times_ten")
+    assert run_one()[1] == "failed"
+    (tmp_path / f"{module}.py").write_text(
+        "from django.tasks import task\n\n\n@task\ndef times_ten(a):\n    return a * 10\n"
+    )
+    importlib.invalidate_caches()
+    try:
+        assert run_one()[1] == "done"
+    finally:
+        sys.modules.pop(module, None)
+    early.refresh()
+    assert "cannot be imported" in early.errors[0].traceback
+    assert default_task_backend.get_result(late.id).return_value == 20
+
+
+def _takes(a, b=0, *, c, d=4): ...
+def _context_first(context, a, *, k=1): ...
+def _varargs(a, *rest, **named): ...
+def _positional_only(a, /, b): ...
+def _no_params(): ...
+
+
+@pytest.mark.parametrize(
+    ("func", "takes_context"),
+    [
+        (_takes, False),
+        (_context_first, True),
+        (_varargs, False),
+        (_positional_only, False),
+        (_no_params, False),
+        (_context_first, False),
+    ],
+)
+def test_the_argument_check_agrees_with_signature_bind(func, takes_context):
+    calls = [
+        ([], {}),
+        ([1], {}),
+        ([1, 2], {}),
+        ([1, 2, 3], {}),
+        ([1], {"c": 3}),
+        ([1, 2], {"c": 3, "d": 4}),
+        ([], {"a": 1, "c": 3}),
+        ([1], {"a": 1, "c": 3}),
+        ([1], {"c": 3, "z": 0}),
+        ([], {"b": 2, "c": 3}),
+        ([1], {"k": 2}),
+        ([1], {"context": 2}),
+        ([1, 2], {"rest": 3}),
+    ]
+    check = runner._Binder(func, takes_context).check
+    signature = inspect.signature(func)
+    for args, kwargs in calls:
+        try:
+            signature.bind(*([None] if takes_context else []), *args, **kwargs)
+            expected = None
+        except TypeError as exc:
+            expected = str(exc)
+        try:
+            check(args, kwargs)
+            got = None
+        except TypeError as exc:
+            got = str(exc)
+        assert got == expected, (func.__name__, args, kwargs)
 
 
 # -- failures, retries ------------------------------------------------------------------------

@@ -62,11 +62,11 @@ def worker_cmd(*args):
     return [PYTHON, "-m", "django", "taskclaim_worker", MODEL, *args]
 
 
-def run_burst(*args, timeout=120):
+def run_burst(*args, timeout=120, **env):
     """Run a worker that drains what is ready and exits; return the completed process."""
     proc = subprocess.run(
         worker_cmd("--burst", *args),
-        env=_env(),
+        env=_env(**env),
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -150,6 +150,40 @@ def test_djangos_documentation_examples_run_end_to_end():
     assert meaning.return_value == 42
     assert ex.email_users.get_result(mail.id).return_value == 1
     assert default_task_backend.get_result(doubled.id).errors[0].exception_class is TypeError
+
+
+def test_the_worker_logs_djangos_lines_and_sends_signals_to_connected_receivers():
+    def lines(result):
+        path = "tests.tasks_examples.add"
+        return [f"Task id={result.id} path={path} state={s}" for s in ("RUNNING", "SUCCESSFUL")]
+
+    # Only Django's own receivers: their log lines, written by the worker.
+    quiet = [ex.add.enqueue(i) for i in range(3)]
+    proc = run_burst("--concurrency", "2", TASKCLAIM_TEST_TASKS_LOG="1")
+    logged = proc.stderr.splitlines()
+    for result in quiet:
+        assert [line for line in logged if f"id={result.id}" in line] == lines(result)
+    assert not Document.objects.exists()
+    # Receivers connected in the worker: full TaskResults, task_finished after the write.
+    watched = [ex.add.enqueue(10 + i) for i in range(3)]
+    proc = run_burst(
+        "--concurrency", "2", "--worker-id", "sig-worker",
+        TASKCLAIM_TEST_TASKS_LOG="1", TASKCLAIM_TEST_TASK_RECEIVERS="1",
+    )  # fmt: skip
+    logged = proc.stderr.splitlines()
+    for value, result in enumerate(watched, start=10):
+        assert [line for line in logged if f"id={result.id}" in line] == lines(result)
+        started = Document.objects.get(title=f"started {result.id}")
+        assert started.kind == "RUNNING"
+        assert started.payload == {"sender": "TaskClaimBackend", "worker_ids": ["sig-worker"]}
+        finished = Document.objects.get(title=f"finished {result.id}")
+        assert finished.kind == "SUCCESSFUL"
+        assert finished.payload == {
+            "return_value": value,
+            "stored_status": "SUCCESSFUL",
+            "stored_return_value": value,
+        }
+    assert Document.objects.count() == 2 * len(watched)
 
 
 def test_queue_option_runs_only_that_queue():

@@ -24,12 +24,22 @@ STATUS_MAP = {
 }
 
 
+#: Tasks resolved by :func:`import_task`, by path (successes only: a path that fails is
+#: looked up again next time, so a fixed module is picked up without a restart).
+_TASKS: dict[str, Task] = {}
+
+
 def import_task(path: str) -> Task:
     """Import the ``django.tasks`` Task stored under ``path`` or raise ``TaskUnavailable``.
 
     The error message names the path and says why it does not resolve (module or
-    attribute gone, import-time error, or the object is no longer a Task).
+    attribute gone, import-time error, or the object is no longer a Task). A path that
+    resolved is remembered for the life of the process (one dictionary lookup after the
+    first); a path that failed is tried again at every call.
     """
+    task = _TASKS.get(path)
+    if task is not None:
+        return task
     try:
         obj = import_string(path)
     except ImportError as exc:
@@ -44,6 +54,7 @@ def import_task(path: str) -> Task:
             f"task {path!r} resolves to a {type(obj).__name__}, not a django.tasks Task "
             "(was its @task decorator removed?)"
         )
+    _TASKS[path] = obj
     return obj
 
 
@@ -60,19 +71,31 @@ def _placeholder_func(path: str) -> types.FunctionType:
     return func
 
 
+#: Dataclass field names of each Task class (``dataclasses.fields()`` is not free).
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type[Task]) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
 def _build_task(template: Task | None, row: Any) -> Task:
     """A Task for ``row`` without re-validating it against the current settings.
 
     The row was validated when it was enqueued; a backend alias or queue removed from
     ``TASKS`` since then must not make its result unreadable.
     """
-    values: dict[str, Any] = {}
     if template is not None:
-        values = {f.name: getattr(template, f.name) for f in fields(template)}
         cls: type[Task] = type(template)
+        names = _field_names(cls)
+        values = {name: getattr(template, name) for name in names}
     else:
-        values = {"func": _placeholder_func(row.task_path), "takes_context": False}
         cls = Task
+        names = _field_names(cls)
+        values = {"func": _placeholder_func(row.task_path), "takes_context": False}
     values.update(
         priority=row.priority,
         queue_name=row.queue_name,
@@ -80,8 +103,8 @@ def _build_task(template: Task | None, row: Any) -> Task:
         run_after=row.run_after,
     )
     task = object.__new__(cls)
-    for f in fields(cls):
-        object.__setattr__(task, f.name, values[f.name])
+    for name in names:
+        object.__setattr__(task, name, values[name])
     return task
 
 
