@@ -14,7 +14,11 @@ an embedded one). Prints a table and writes JSON (default ``var/bench-tasks-back
 
 Each repeat runs every backend configuration and then the plain model, so the ratio
 backend / plain is also taken per repeat, between runs minutes apart at most (the
-machine's load drifts); its median is reported beside the ratio of the medians. One
+machine's load drifts); its median is reported beside the ratio of the medians. Each
+run also reports the worker's CPU time per task (user + system of all its processes,
+minus that of an idle run of the same configuration): less sensitive to the machine's
+load than tasks/s, it compares the per-task cost of the two workers (PostgreSQL's CPU
+is not in it). One
 backend row sets the ``django.tasks`` logger to WARNING, where Django's own receivers of
 ``task_started`` / ``task_finished`` log one INFO line each per task: beside the row
 with the settings' logging (Django's default ``LOGGING``, ``DEBUG = False``: no handler
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -75,16 +80,35 @@ def setup() -> None:
 
 def drain(
     model_label: str, processes: int, threads: int, batch: int, extra_env: dict[str, str]
-) -> None:
+) -> float:
+    """Run ``manage.py taskclaim_worker --burst`` on ``model_label``; return the CPU
+    seconds (user + system) its processes used."""
     argv = [
         sys.executable, "-m", "django", "taskclaim_worker", model_label, "--burst",
         "--processes", str(processes), "--concurrency", str(threads), "--batch", str(batch),
         "--no-reap",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), **extra_env}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1200)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"worker exited {done.returncode}:\n{done.stderr[-2000:]}")
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+#: CPU seconds of a worker run that finds nothing to do (start-up, shutdown), per
+#: (model, processes, threads, batch, environment): subtracted from each run's CPU.
+_IDLE_CPU: dict[tuple[Any, ...], float] = {}
+
+
+def worker_cpu_per_task(model_label: str, n: int, cpu: float, *config: Any) -> float:
+    """Microseconds of worker CPU (user + system, all its processes) per task, start-up
+    excluded: the CPU of a run minus that of an idle run of the same configuration."""
+    key = (model_label, *(json.dumps(c, sort_keys=True) for c in config))
+    if key not in _IDLE_CPU:
+        _IDLE_CPU[key] = min(drain(model_label, *config) for _ in range(2))
+    return max(0.0, cpu - _IDLE_CPU[key]) / n * 1e6
 
 
 def rate(model: Any, done: str = "done") -> float:
@@ -99,30 +123,36 @@ def rate(model: Any, done: str = "done") -> float:
 
 def run_backend(
     n: int, processes: int, threads: int, batch: int, extra_env: dict[str, str]
-) -> float:
+) -> tuple[float, float]:
+    """(tasks/s, worker CPU µs per task) of draining ``n`` enqueued no-op Tasks."""
     from django.db import transaction
 
     from benchmarks.benchapp.tasks import noop
     from django_taskclaim.contrib.tasks.models import QueuedTask
 
+    label, config = "taskclaim_tasks.QueuedTask", (processes, threads, batch, extra_env)
     QueuedTask.objects.all().delete()
+    worker_cpu_per_task(label, n, 0.0, *config)  # the idle run, on an empty table
     with transaction.atomic():
         for i in range(n):
             noop.enqueue(i)
-    drain("taskclaim_tasks.QueuedTask", processes, threads, batch, extra_env)
+    cpu = drain(label, *config)
     left = QueuedTask.objects.exclude(status="done").count()
     if left:
         raise RuntimeError(f"{left} tasks not done")
-    return rate(QueuedTask)
+    return rate(QueuedTask), worker_cpu_per_task(label, n, cpu, *config)
 
 
-def run_plain(n: int, processes: int, threads: int, batch: int) -> float:
+def run_plain(n: int, processes: int, threads: int, batch: int) -> tuple[float, float]:
+    """(rows/s, worker CPU µs per row) of draining ``n`` plain ``BenchTask`` rows."""
     from benchmarks.benchapp.models import BenchTask
 
+    label, config = "benchapp.BenchTask", (processes, threads, batch, {})
     BenchTask.objects.all().delete()
+    worker_cpu_per_task(label, n, 0.0, *config)
     BenchTask.objects.bulk_create([BenchTask() for _ in range(n)], batch_size=5000)
-    drain("benchapp.BenchTask", processes, threads, batch, {})
-    return rate(BenchTask)
+    cpu = drain(label, *config)
+    return rate(BenchTask), worker_cpu_per_task(label, n, cpu, *config)
 
 
 def run_peer(n: int, processes: int) -> float:
@@ -190,36 +220,48 @@ def main() -> None:
         return
     setup()
     configs = [c for c in CONFIGS if not args.quick or c[3] == 100]
-    backend: dict[str, list[float]] = {c[0]: [] for c in configs}
-    plain_runs: list[float] = []
+    backend: dict[str, list[tuple[float, float]]] = {c[0]: [] for c in configs}
+    plain_runs: list[tuple[float, float]] = []
     paired: list[float] = []  # backend (REFERENCE) / plain, within each repeat
     for _ in range(args.repeat):
         for label, procs, threads, batch, extra_env in configs:
             backend[label].append(run_backend(args.tasks, procs, threads, batch, extra_env))
         plain_runs.append(run_plain(args.tasks, *PLAIN[1:]))
-        paired.append(backend[REFERENCE][-1] / plain_runs[-1])
+        paired.append(backend[REFERENCE][-1][0] / plain_runs[-1][0])
     rows: list[dict[str, Any]] = [
-        {"system": "taskclaim TaskClaimBackend", "config": label, "runs": runs}
+        {
+            "system": "taskclaim TaskClaimBackend",
+            "config": label,
+            "runs": [r for r, _cpu in runs],
+            "cpu_us_per_task": [cpu for _r, cpu in runs],
+        }
         for label, runs in backend.items()
     ]
     plain_row = {"system": "taskclaim, plain ClaimableModel", "config": PLAIN[0]}
-    plain_row["runs"] = plain_runs
+    plain_row["runs"] = [r for r, _cpu in plain_runs]
+    plain_row["cpu_us_per_task"] = [cpu for _r, cpu in plain_runs]
     rows.append(plain_row)
     peers = [] if args.no_peer else peer_rows(args)
     rows.extend(peers)
-    print(f"\n{'system':32} {'config':62} {'tasks/s (median)':>16}  runs")
+    print(f"\n{'system':32} {'config':62} {'tasks/s (median)':>16}  runs  [worker CPU µs/task]")
     for row in rows:
         row["median"] = statistics.median(row["runs"])
         runs = ", ".join(f"{r:,.0f}" for r in row["runs"])
-        print(f"{row['system']:32} {row['config']:62} {row['median']:16,.0f}  {runs}")
+        cpu = ""
+        if "cpu_us_per_task" in row:
+            row["cpu_us_per_task_median"] = statistics.median(row["cpu_us_per_task"])
+            cpu = f"  [{row['cpu_us_per_task_median']:,.0f}]"
+        print(f"{row['system']:32} {row['config']:62} {row['median']:16,.0f}  {runs}{cpu}")
     by_config = {r["config"]: r for r in rows if r["system"].startswith("taskclaim TaskClaim")}
     plain = plain_row
     ratio = by_config[REFERENCE]["median"] / plain["median"]
     paired_ratio = statistics.median(paired)
+    cpu_ratio = plain["cpu_us_per_task_median"] / by_config[REFERENCE]["cpu_us_per_task_median"]
     print(
         f"\nbackend ({REFERENCE}) / plain model: {ratio:.0%} (medians); "
         f"{paired_ratio:.0%} (median of per-repeat ratios: "
-        f"{', '.join(f'{r:.0%}' for r in paired)})"
+        f"{', '.join(f'{r:.0%}' for r in paired)}); "
+        f"worker CPU per task, plain / backend: {cpu_ratio:.0%}"
     )
     best = max(r["median"] for r in by_config.values())
     peer_ratio = None
@@ -235,6 +277,7 @@ def main() -> None:
         "backend_over_plain": ratio,
         "backend_over_plain_paired": paired,
         "backend_over_plain_paired_median": paired_ratio,
+        "plain_over_backend_worker_cpu_per_task": cpu_ratio,
         "backend_best_over_plain": best / plain["median"],
         "backend_over_django_tasks_db": peer_ratio,
     }

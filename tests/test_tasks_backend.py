@@ -47,7 +47,7 @@ from django.tasks.signals import (
 from django.test import override_settings
 from django.utils import timezone
 
-from django_taskclaim.contrib.tasks import runner
+from django_taskclaim.contrib.tasks import announce, runner
 from django_taskclaim.contrib.tasks.apps import check_django_version
 from django_taskclaim.contrib.tasks.backend import TaskClaimBackend
 from django_taskclaim.contrib.tasks.models import QueuedTask
@@ -349,16 +349,17 @@ def test_task_context_sees_its_result_id_and_attempt():
 # -- signals and Django's log lines without a TaskResult ----------------------------------------
 @pytest.fixture
 def results_built(monkeypatch):
-    """The TaskResults the runner builds (for a signal or a task context), as a list."""
+    """The TaskResults the runner builds (for a signal or a task context), as a list:
+    every one is built in ``announce``."""
     built = []
-    real = runner.to_result
+    real = announce.to_result
 
     def counting(row, **kwargs):
         result = real(row, **kwargs)
         built.append(result)
         return result
 
-    monkeypatch.setattr(runner, "to_result", counting)
+    monkeypatch.setattr(announce, "to_result", counting)
     return built
 
 

@@ -4,10 +4,28 @@ Add ``"django_taskclaim.contrib.tasks"`` to ``INSTALLED_APPS`` and point ``TASKS
 :class:`django_taskclaim.contrib.tasks.backend.TaskClaimBackend`; run the tasks with
 ``manage.py taskclaim_worker taskclaim_tasks.QueuedTask``. See ``docs/tasks-backend.md``.
 
+Unique enqueue: :func:`enqueue_unique` (``enqueue_unique(task, key, *args, **kwargs)``)
+enqueues unless a ready or processing task has the same key; see ``docs/unique.md``.
+
 On Django < 6.0 importing this package raises ``ImproperlyConfigured`` with the reason:
 ``django.tasks`` does not exist there, and the ``django-tasks`` backport is not supported.
 """
 
+from typing import Any
+
 from .apps import check_django_version
 
 check_django_version()
+
+#: Names loaded from :mod:`.backend` on first use (importing this package stays cheap).
+_LAZY = ("enqueue_unique", "aenqueue_unique", "unique_key_for")
+
+__all__ = ["aenqueue_unique", "enqueue_unique", "unique_key_for"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from . import backend
+
+        return getattr(backend, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,6 +7,7 @@ row; ``manage.py taskclaim_worker taskclaim_tasks.QueuedTask`` runs them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import uuid
@@ -14,6 +15,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.db import router
 from django.tasks import Task, TaskResult
@@ -24,6 +26,7 @@ from django.utils.json import normalize_json
 
 from django_taskclaim.conf import taskclaim_settings
 from django_taskclaim.db import DbNow, retry_transient
+from django_taskclaim.unique import insert_unique
 
 from .exceptions import InvalidTaskArguments
 
@@ -120,6 +123,53 @@ def encode_arguments(task: Task, args: Any, kwargs: Any) -> tuple[list[Any], dic
     stored_args: list[Any] = normalize_json(list(args))  # type: ignore[assignment]
     stored_kwargs: dict[str, Any] = normalize_json(dict(kwargs))  # type: ignore[assignment]
     return stored_args, stored_kwargs
+
+
+def unique_key_for(task: Task, args_json: list[Any], kwargs_json: dict[str, Any]) -> str:
+    """The key :meth:`TaskClaimBackend.enqueue_unique` uses when given none:
+    ``"<task path>:<sha256>"`` of the task path, the queue name and the stored
+    arguments (keys sorted), so equal calls of one task to one queue share it."""
+    body = json.dumps(
+        [task.module_path, task.queue_name, args_json, kwargs_json],
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    digest = hashlib.sha256(body.encode()).hexdigest()
+    from .models import UNIQUE_KEY_MAX_LENGTH
+
+    return f"{task.module_path}:{digest}"[-UNIQUE_KEY_MAX_LENGTH:]
+
+
+def _check_key(key: Any) -> None:
+    from .models import UNIQUE_KEY_MAX_LENGTH
+
+    if not isinstance(key, str) or not key or len(key) > UNIQUE_KEY_MAX_LENGTH:
+        raise InvalidTask(
+            f"unique key must be a non-empty string of at most {UNIQUE_KEY_MAX_LENGTH} "
+            f"characters, got {key!r}"
+        )
+
+
+def enqueue_unique(task: Task, key: str | None, /, *args: Any, **kwargs: Any) -> TaskResult:
+    """``task.enqueue(*args, **kwargs)`` unless a ready or processing task has ``key``.
+
+    Returns the new task's ``TaskResult``, or the existing one's for a duplicate
+    (compare ``result.id``; :meth:`TaskClaimBackend.enqueue_unique` also says whether it
+    was created). The task's backend must be a :class:`TaskClaimBackend`.
+    """
+    backend = task.get_backend()
+    if not isinstance(backend, TaskClaimBackend):
+        raise InvalidTaskBackend(
+            f"enqueue_unique() needs a TaskClaimBackend; {task.module_path} uses "
+            f"{type(backend).__name__} (TASKS[{task.backend!r}])"
+        )
+    result, _created = backend.enqueue_unique(task, key, args, kwargs)
+    return result
+
+
+async def aenqueue_unique(task: Task, key: str | None, /, *args: Any, **kwargs: Any) -> TaskResult:
+    """Async twin of :func:`enqueue_unique` (runs it in a thread)."""
+    return await sync_to_async(enqueue_unique)(task, key, *args, **kwargs)
 
 
 def _first_bad(value: Any) -> Any:
@@ -269,20 +319,12 @@ class TaskClaimBackend(BaseTaskBackend):
         super().validate_task(probe)
 
     # -- enqueue --------------------------------------------------------------------
-    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
-        """Store ``task`` with its arguments as a READY row and return its ``TaskResult``.
-
-        Everything is validated before the single INSERT; ``InvalidTask`` means nothing
-        was written. Inside the caller's ``atomic()`` block the row commits or rolls
-        back with the caller. ``task_enqueued`` is sent once the row is written.
-        """
-        from .results import to_result
-
-        self.validate_task(task)
-        args_json, kwargs_json = encode_arguments(task, args, kwargs)
-        model = self.model
+    def _new_row(
+        self, task: Task, args_json: list[Any], kwargs_json: dict[str, Any], **extra: Any
+    ) -> QueuedTask:
+        """The unsaved row of ``task`` (validated, with its stored arguments)."""
         own = getattr(task, "max_attempts", None)
-        row = model(
+        row = self.model(
             task_path=task.module_path,
             args=args_json,
             kwargs=kwargs_json,
@@ -290,27 +332,74 @@ class TaskClaimBackend(BaseTaskBackend):
             backend_name=self.alias,
             priority=int(task.priority),
             max_attempts=own if own is not None else self.max_attempts,
+            **extra,
         )
         if isinstance(task.run_after, timedelta):
             row.run_after = DbNow() + task.run_after  # database clock
         else:
             row.run_after = task.run_after
-        using = self.database
-        retry_transient(
-            lambda: row.save(using=using, force_insert=True), using, what="enqueue task"
-        )
+        return row
+
+    def _enqueued(self, row: QueuedTask, task: Task) -> TaskResult:
+        """The ``TaskResult`` of the row just inserted; sends ``task_enqueued``."""
+        from .results import to_result
+
         stale = [
             name
             for name in ("created_at", "run_after")
             if getattr(row, name) is not None and not isinstance(getattr(row, name), datetime)
         ]
         if stale:  # database-computed values the INSERT did not return
-            row.refresh_from_db(using=using, fields=stale)
+            row.refresh_from_db(using=self.database, fields=stale)
         # Workers listening on PostgreSQL are woken by the post_save hook of
         # django_taskclaim.notify, when the row commits.
         result = to_result(row, task=task)
         task_enqueued.send(type(self), task_result=result)
         return result
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Store ``task`` with its arguments as a READY row and return its ``TaskResult``.
+
+        Everything is validated before the single INSERT; ``InvalidTask`` means nothing
+        was written. Inside the caller's ``atomic()`` block the row commits or rolls
+        back with the caller. ``task_enqueued`` is sent once the row is written.
+        """
+        self.validate_task(task)
+        args_json, kwargs_json = encode_arguments(task, args, kwargs)
+        row = self._new_row(task, args_json, kwargs_json)
+        using = self.database
+        retry_transient(
+            lambda: row.save(using=using, force_insert=True), using, what="enqueue task"
+        )
+        return self._enqueued(row, task)
+
+    def enqueue_unique(
+        self, task: Task, key: str | None, args: Any, kwargs: Any
+    ) -> tuple[TaskResult, bool]:
+        """Enqueue ``task`` unless a ready or processing task has the same ``key``; return
+        ``(result, created)``: the existing task's result when not created.
+
+        ``key`` is any string of at most 255 characters, compared exactly, across every
+        task path and queue of this table; ``None`` derives it from the task path, the
+        queue and the stored arguments (:func:`unique_key_for`). The database's unique
+        constraint decides, so concurrent callers never enqueue two active tasks with one
+        key. Same validation and transaction behaviour as :meth:`enqueue`;
+        ``task_enqueued`` is sent only when a row was created.
+        """
+        from .results import to_result
+
+        self.validate_task(task)
+        args_json, kwargs_json = encode_arguments(task, args, kwargs)
+        key = unique_key_for(task, args_json, kwargs_json) if key is None else key
+        _check_key(key)
+        row, created = insert_unique(
+            lambda: self._new_row(task, args_json, kwargs_json, unique_key=key),
+            using=self.database,
+            key_field="unique_key",
+        )
+        if created:
+            return self._enqueued(row, task), True
+        return to_result(row), False
 
     # -- results --------------------------------------------------------------------
     def _key(self, result_id: Any) -> uuid.UUID:

@@ -15,6 +15,7 @@ from django.utils.translation import gettext_lazy as _
 from django_taskclaim.conf import taskclaim_settings
 from django_taskclaim.mixins import ClaimableModel, claim_indexes
 from django_taskclaim.status import Status
+from django_taskclaim.unique import ActiveKeyField
 
 #: Highest ``max_attempts`` a task may have. It is also the model-level budget the
 #: reaper applies, so that each row's own ``max_attempts`` (checked when the row is
@@ -29,6 +30,8 @@ def default_max_attempts() -> int:
 
 #: Longest queue name and backend alias that fit their columns.
 NAME_MAX_LENGTH = 64
+#: Longest key of :func:`django_taskclaim.contrib.tasks.enqueue_unique`.
+UNIQUE_KEY_MAX_LENGTH = 255
 
 
 class QueuedTask(ClaimableModel):
@@ -38,8 +41,11 @@ class QueuedTask(ClaimableModel):
     ``TaskResult.id``), ``task_path``, ``args``, ``kwargs``, ``queue_name``,
     ``backend_name``, ``max_attempts``, ``return_value``, ``errors`` (one entry per
     failed or lost attempt, with traceback), ``worker_ids`` (one entry per attempt),
-    ``attempt_open``, ``started_at`` and ``last_attempted_at``. ``created_at`` is the
-    ``enqueued_at`` of the result; ``priority`` is Django's (higher runs first).
+    ``attempt_open``, ``started_at``, ``last_attempted_at``, ``unique_key`` (the key of
+    :func:`~django_taskclaim.contrib.tasks.enqueue_unique`, else ``NULL``) and
+    ``active_unique_key`` (that key while the row is ready or processing; unique).
+    ``created_at`` is the ``enqueued_at`` of the result; ``priority`` is Django's (higher
+    runs first).
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -66,6 +72,16 @@ class QueuedTask(ClaimableModel):
     last_attempted_at = models.DateTimeField(
         _("last attempted at"), null=True, blank=True, editable=False
     )
+    # NULL, not "": a row without a key never collides with another.
+    unique_key = models.CharField(  # noqa: DJ001
+        _("unique key"),
+        max_length=UNIQUE_KEY_MAX_LENGTH,
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_("At most one ready or processing task has a given key."),
+    )
+    active_unique_key = ActiveKeyField("unique_key", verbose_name=_("active unique key"))
 
     class ClaimMeta:
         handler = "django_taskclaim.contrib.tasks.runner.execute"
@@ -82,6 +98,10 @@ class QueuedTask(ClaimableModel):
                 condition=models.Q(status=Status.READY.value),
                 name="tctask_queue_claim",
             ),
+        ]
+        constraints = [
+            # enqueue_unique(): one ready-or-processing task per key, on every database.
+            models.UniqueConstraint(fields=["active_unique_key"], name="tctask_active_unique_key"),
         ]
 
     def __str__(self) -> str:
