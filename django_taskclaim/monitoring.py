@@ -1,14 +1,15 @@
-"""Numbers about the queues and retention of finished rows.
+"""Numbers about the queues: per-state counts, expired leases, throughput, workers.
 
-Shared by the admin dashboard, ``manage.py taskclaim_stats`` and
-``manage.py taskclaim_prune``. Every time-based figure is computed by the database with
+Shared by the admin dashboard, ``manage.py taskclaim_stats`` (:func:`format_snapshot`),
+the doctor and the worker registry; retention of finished rows is in
+:mod:`~django_taskclaim.retention`. Every time-based figure is computed by the database with
 its own ``now()`` (never the web server's clock).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,14 +21,16 @@ from django.db.models.expressions import CombinedExpression
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from . import bounds
 from .backends import for_connection
 from .conf import taskclaim_settings
 from .db import DbNow
-from .exceptions import ConfigurationError
 from .options import claimable_models, get_options
 from .querysets import as_claim_queryset
-from .status import TERMINAL_STATES
+from .retention import PruneResult as PruneResult  # retention's names, importable here too
+from .retention import parse_age as parse_age
+from .retention import prune as prune
+from .retention import prune_models as prune_models
+from .status import STATE_NAMES
 
 logger = logging.getLogger("django_taskclaim.monitoring")
 
@@ -243,70 +246,43 @@ def snapshot(
     return snap
 
 
-# -- retention --------------------------------------------------------------------
+def format_snapshot(snap: Snapshot) -> str:
+    """``taskclaim_stats``' text: a fixed-width table (a row per model, a column per
+    state and figure, ``-`` where a model cannot say), then the live workers."""
 
+    def age(seconds: float | None) -> str:
+        return "-" if seconds is None else humanize_seconds(seconds)
 
-@dataclass
-class PruneResult:
-    """Rows deleted (or, in a dry run, that would be) per model label."""
+    def count(value: int | None) -> str:
+        return "-" if value is None else str(value)
 
-    per_model: dict[str, int] = field(default_factory=dict)
-    dry_run: bool = False
-
-    @property
-    def total(self) -> int:
-        return sum(self.per_model.values())
-
-
-def prune(
-    model: type[models.Model],
-    *,
-    older_than: timedelta,
-    states: Sequence[str] = ("done", "cancelled"),
-    batch_size: int = 1000,
-    dry_run: bool = False,
-    using: str | None = None,
-    max_batches: int | None = None,
-) -> int:
-    """Delete finished rows of ``model`` whose ``finished_at`` is older than ``older_than``.
-
-    Only rows in the terminal ``states`` are touched; the age is measured with the
-    database's ``now()``. Works in batches of ``batch_size`` primary keys, each deleted
-    by a short statement that re-checks state and age, so the table is never locked
-    for long and a row requeued meanwhile is kept. Returns the number of rows deleted
-    (or that a ``dry_run`` would delete).
-    """
-    opts = get_options(model)
-    if not opts.has("finished_at"):
-        raise ConfigurationError(
-            f"{opts.label} has no finished_at field, so the age of its finished rows is "
-            "unknown; add TimestampFieldsMixin or prune it with your own query"
+    header = ["model", *STATE_NAMES, "expired", "oldest_ready", "done_5m", "done_60m", "total"]
+    rows = [
+        [
+            m.label,
+            *[count(m.counts.get(s)) for s in STATE_NAMES],
+            str(m.expired),
+            age(m.oldest_ready_age),
+            count(m.done_last.get(5)),
+            count(m.done_last.get(60)),
+            str(m.total),
+        ]
+        for m in snap.models
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
         )
-    bad = [s for s in states if s not in TERMINAL_STATES]
-    if bad or not states:
-        raise ConfigurationError(
-            f"can only prune finished states ({', '.join(TERMINAL_STATES)}), got {list(states)}"
-        )
-    mapped = [s for s in states if opts.statuses.get(s) is not None]
-    if not mapped:
-        return 0
-    batch_size = bounds.number(batch_size, "batch_size", bounds.BATCH_SIZE)
-    db = using or router.db_for_write(model)
-    cond = opts.status_q(*mapped) & Q(finished_at__lt=DbNow() - older_than)
-    scope = model._base_manager.using(db).filter(cond)
-    if dry_run:
-        return scope.count()
-    deleted = batches = 0
-    while max_batches is None or batches < max_batches:
-        batches += 1
-        pks = list(scope.order_by("pk").values_list("pk", flat=True)[:batch_size])
-        if not pks:
-            break
-        _, per = model._base_manager.using(db).filter(pk__in=pks).filter(cond).delete()
-        deleted += per.get(model._meta.label, 0)
-        logger.debug("pruned model=%s batch=%s rows=%s", opts.label, batches, len(pks))
-        if len(pks) < batch_size:
-            break
-    if deleted:
-        logger.info("pruned model=%s rows=%s older_than=%s", opts.label, deleted, older_than)
-    return deleted
+        for r in [header, *rows]
+    ]
+    if not rows:
+        lines.append("(no claimable models)")
+    lines += ["", f"live workers: {len(snap.workers)}"]
+    lines += [
+        f"  {w.worker_id}  host={w.hostname} pid={w.pid} threads={w.concurrency} "
+        f"in_flight={w.in_flight} processed={w.processed} seen={age(w.seen_ago)} ago"
+        for w in snap.workers
+    ]
+    return "\n".join(lines)

@@ -20,12 +20,14 @@ while the tasks claimed with it are not dead-lettered for it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import signal
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from django.db import models, router
+from django.db import DatabaseError, connections, models, router
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce, Concat
 
@@ -219,3 +221,50 @@ def recover(
     from several hosts."""
     targets = list(models_) or list(claimable_models())
     return reap(*targets, using=using, batch_size=batch_size, dry_run=dry_run)
+
+
+def recover_and_release(
+    models_: Iterable[type[models.Model]],
+    *,
+    release_workers: Iterable[str] = (),
+    using: str | None = None,
+    dry_run: bool = False,
+    batch_size: int | None = None,
+    reason: str = "released from worker {} by an operator (taskclaim_reap)",
+) -> ReapResult:
+    """One operator's pass (``taskclaim_reap``): :func:`recover` the expired leases of
+    ``models_`` (default: every claimable model), then :func:`release_worker` each of
+    ``release_workers`` — workers the operator knows are dead. One result for both."""
+    targets = list(models_)
+    result = recover(targets, using=using, dry_run=dry_run, batch_size=batch_size)
+    for worker_id in release_workers:
+        part = release_worker(worker_id, *targets, using=using, dry_run=dry_run, reason=reason)
+        for label, counts in part.per_model.items():
+            result.add(label, counts["requeued"], counts["failed"])
+    return result
+
+
+def repeat_until_signalled(
+    interval: float,
+    one_pass: Callable[[], None],
+    on_error: Callable[[DatabaseError], None],
+) -> None:
+    """Call ``one_pass`` now and then every ``interval`` seconds until SIGTERM or SIGINT
+    (the pass under way finishes first; the previous handlers are put back). A
+    :class:`DatabaseError` from a pass goes to ``on_error``, the connections are closed
+    (the next pass reconnects) and the loop goes on. Main thread only (signals)."""
+    stop = threading.Event()
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        while not stop.is_set():
+            try:
+                one_pass()
+            except DatabaseError as exc:
+                on_error(exc)
+                connections.close_all()
+            stop.wait(interval)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

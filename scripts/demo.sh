@@ -63,6 +63,7 @@ case $mode in
     "${manage[@]}" runserver --noreload "127.0.0.1:${PORT:-8000}" "$@"
     ;;
   racelab)
+    "${manage[@]}" migrate --noinput taskclaim_racelab >/dev/null
     exec "${manage[@]}" taskclaim_racelab "$@"
     ;;
   stop)

@@ -1,6 +1,7 @@
 """The race lab, run small on the test database: ours never double-claims, the broken
-recipes do (on PostgreSQL), and the lab leaves no scratch table behind. The lab is an
-optional app: the library never imports it, and its models stay out of the project."""
+recipes do (on PostgreSQL), and the lab leaves its tables empty. The lab is an optional
+app with its own migration: the library never imports it, and its claimable model is
+left out of the project's queues by an explicit rule on its app config."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from django.apps import apps
 from django.core.management import CommandError, call_command, get_commands
 from django.db import connection
 
+from django_taskclaim.contrib.racelab.apps import RaceLabConfig
 from django_taskclaim.contrib.racelab.lab import RaceLab
-from django_taskclaim.contrib.racelab.models import SCRATCH_MODELS, LabTask
+from django_taskclaim.contrib.racelab.models import LAB_MODELS, LabBatchLock, LabTask
 from django_taskclaim.contrib.racelab.report import format_table
 from django_taskclaim.contrib.racelab.techniques import TECHNIQUES
-from django_taskclaim.options import claimable_models
+from django_taskclaim.options import claimable_models, is_claimable, resolve_model
 from tests.helpers import ROOT
 
 LAB_APP = "django_taskclaim.contrib.racelab"
@@ -30,9 +32,9 @@ SAFE = [name for name, t in TECHNIQUES.items() if t.safe]
 BROKEN = [name for name, t in TECHNIQUES.items() if not t.safe]
 
 
-def _scratch_tables_left() -> set[str]:
-    names = {m._meta.db_table for m in SCRATCH_MODELS}
-    return names & set(connection.introspection.table_names())
+def _lab_rows_left() -> dict[str, int]:
+    counts = {m._meta.label: m._base_manager.count() for m in LAB_MODELS}
+    return {label: n for label, n in counts.items() if n}
 
 
 @lab_db
@@ -54,7 +56,7 @@ def test_safe_techniques_never_double_claim(vendor):
     else:
         assert {"advisory", "serializable", "hold"} <= skipped
         assert "cas" not in skipped
-    assert _scratch_tables_left() == set()
+    assert _lab_rows_left() == {}
 
 
 @lab_db
@@ -80,7 +82,7 @@ def test_broken_recipes_double_claim_on_postgresql(vendor):
         assert by_name["broken: SELECT then UPDATE"].double_claims > 0
     table = format_table(results)
     assert "double claims" in table.splitlines()[0]
-    assert _scratch_tables_left() == set()
+    assert _lab_rows_left() == {}
 
 
 @lab_db
@@ -112,7 +114,7 @@ def test_command_prints_json_and_table(vendor):
     assert "advisory" in text
     if vendor != "postgresql":
         assert "skipped: strategy 'advisory' is not supported" in text
-    assert _scratch_tables_left() == set()
+    assert _lab_rows_left() == {}
 
 
 @pytest.mark.parametrize(
@@ -130,18 +132,51 @@ def test_command_rejects_bad_input(argv, message):
 
 
 @pytest.mark.django_db  # makemigrations --check reads the applied migrations
-def test_the_app_registers_the_scratch_models_and_keeps_them_out_of_the_project():
-    assert LabTask._meta.app_config is apps.get_app_config("taskclaim_racelab")
-    assert LabTask._meta.app_config.name == LAB_APP
+def test_the_app_registers_its_models_and_migrates_their_tables():
+    config = apps.get_app_config("taskclaim_racelab")
+    assert LabTask._meta.app_config is config
+    assert config.name == LAB_APP
     assert apps.get_model("taskclaim_racelab", "LabTask") is LabTask
     assert get_commands()["taskclaim_racelab"] == LAB_APP
-    # Their tables exist only during a run: nothing that lists the project's models
-    # (dashboard, taskclaim_stats/reap/prune, worker, checks, migrations) sees them.
-    listed = set(apps.get_models(include_auto_created=True, include_swapped=True))
-    assert not listed & set(SCRATCH_MODELS)
-    assert not set(claimable_models()) & set(SCRATCH_MODELS)
-    # No migration is needed, and none would be written.
+    # Registered like any app's models, tables made by its migration, none missing.
+    assert set(config.get_models()) == set(LAB_MODELS)
+    assert set(LAB_MODELS) <= set(apps.get_models())
+    tables = set(connection.introspection.table_names())
+    assert {m._meta.db_table for m in LAB_MODELS} <= tables
     call_command("makemigrations", "taskclaim_racelab", check=True, dry_run=True, verbosity=0)
+
+
+@lab_db  # claim() refuses to run inside the test's transaction
+def test_the_lab_queue_is_left_out_of_discovery_by_its_app_config(monkeypatch):
+    assert RaceLabConfig.taskclaim_discover is False
+    assert is_claimable(LabTask)
+    assert LabTask not in set(claimable_models())
+    out = StringIO()
+    call_command("taskclaim_stats", "--json", stdout=out)
+    labels = [m["label"] for m in json.loads(out.getvalue())["models"]]
+    assert labels, "no claimable model listed at all"
+    assert "taskclaim_racelab.LabTask" not in labels
+    # Named, it is an ordinary claimable model.
+    assert resolve_model("taskclaim_racelab.LabTask") is LabTask
+    row = LabTask.objects.create()
+    [claimed] = LabTask.objects.claim(1)
+    assert claimed.pk == row.pk
+    # The rule is the app config's attribute, and only that.
+    monkeypatch.setattr(RaceLabConfig, "taskclaim_discover", True)
+    assert LabTask in set(claimable_models())
+
+
+@lab_db
+def test_command_names_the_migration_when_the_tables_are_missing():
+    with connection.schema_editor() as editor:
+        editor.delete_model(LabBatchLock)
+    try:
+        with pytest.raises(CommandError, match=r"run: manage\.py migrate taskclaim_racelab"):
+            call_command("taskclaim_racelab", "-t", "cas", stdout=StringIO())
+        assert LabTask.objects.count() == 0  # refused before anything ran
+    finally:
+        with connection.schema_editor() as editor:
+            editor.create_model(LabBatchLock)
 
 
 # Run with a settings module that leaves the lab out of INSTALLED_APPS.
@@ -212,7 +247,8 @@ def test_the_library_works_without_the_lab_app(tmp_path):
     assert report["loaded"] == [], "the runtime package imported the race lab"
     assert "taskclaim_worker" in report["commands"]
     assert "taskclaim_racelab" not in report["commands"]
-    # The scratch models are registered by the app only, never by an import.
+    # The lab's models belong to the app: without it, importing them is refused (not
+    # filed under the library's own app, whose package encloses the lab's).
     assert report["models_error"] == (
         f"ImproperlyConfigured: the race lab needs {LAB_APP!r} in INSTALLED_APPS "
         "(see docs/racelab.md)"

@@ -27,9 +27,25 @@ from ..models import WorkerProcess
 from ..options import claimable_models, get_options, is_claimable
 from . import database, indexes, queues
 from .context import ModelContext
-from .findings import SEVERITIES, Finding, Severity, Thresholds, exit_code, guarded
+from .findings import (
+    SEVERITIES,
+    Finding,
+    Severity,
+    Thresholds,
+    exit_code,
+    format_findings,
+    guarded,
+)
 
-__all__ = ["SEVERITIES", "Finding", "Severity", "Thresholds", "diagnose", "exit_code"]
+__all__ = [
+    "SEVERITIES",
+    "Finding",
+    "Severity",
+    "Thresholds",
+    "diagnose",
+    "exit_code",
+    "format_findings",
+]
 
 
 def diagnose(

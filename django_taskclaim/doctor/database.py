@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from .. import bounds
 from ..backends import for_connection
-from ..checks import _check_heartbeat
+from ..checks import heartbeat_problem
 from ..conf import taskclaim_settings
 from ..exceptions import LockUsageError, TaskClaimError
 from ..lock_checks import pooler_messages
@@ -178,7 +178,7 @@ def heartbeat(model: Any, alias: str) -> Finding:
             detail=one_line(exc),
             fix=BAD_OPTION_FIX,
         )
-    message = _check_heartbeat(model, lease)
+    message = heartbeat_problem(model, lease)
     if message is not None:
         return Finding(
             HEARTBEAT,

@@ -155,3 +155,25 @@ def human_bytes(size: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{size} B"  # pragma: no cover - the loop always returns
+
+
+def format_findings(findings: Iterable[Finding], code: int) -> str:
+    """One line per finding (severity, id, model, title); under a warning or an error,
+    its detail and its fix, indented; then a count per severity and the exit code
+    (``taskclaim_doctor``'s text)."""
+    findings = list(findings)
+    width = max((len(f.model or "-") for f in findings), default=1)
+    lines = []
+    for f in findings:
+        lines.append(f"{f.severity:<8} {f.id}  {(f.model or '-'):<{width}}  {f.title}")
+        if f.severity != "ok":
+            if f.detail:
+                lines.append(f"{'':<8} {'':<7}  {'':<{width}}  detail: {f.detail}")
+            lines.append(f"{'':<8} {'':<7}  {'':<{width}}  fix: {f.fix}")
+    counts = {s: sum(1 for f in findings if f.severity == s) for s in SEVERITIES}
+    lines.append("")
+    lines.append(
+        f"{counts['ok']} ok, {counts['warning']} warning(s), {counts['error']} error(s); "
+        f"exit {code}"
+    )
+    return "\n".join(lines)

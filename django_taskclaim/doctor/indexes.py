@@ -10,9 +10,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from .. import bounds
-from ..checks import _claim_index_present
+from ..checks import claim_index_present
 from ..conf import taskclaim_settings
-from ..strategies import _candidates, _compile
+from ..strategies import candidates, compile_queryset
 from .context import ModelContext
 from .findings import Finding
 
@@ -24,7 +24,7 @@ def declared_claim_index(model: Any, status_field: str) -> Any | None:
     serving the claim query, or ``None``."""
     for index in model._meta.indexes:
         alone = SimpleNamespace(_meta=SimpleNamespace(indexes=[index]))
-        if _claim_index_present(alone, status_field):
+        if claim_index_present(alone, status_field):
             return index
     return None
 
@@ -52,7 +52,7 @@ def database_indexes(ctx: ModelContext) -> dict[str, list[str]]:
 def read_plan(ctx: ModelContext, queryset: Any) -> list[dict[str, Any]]:
     """The plan of ``queryset``'s SELECT (compiled as the strategies compile it), read
     without running it: one mapping of column name to value per row of the plan."""
-    text, params = _compile(queryset)
+    text, params = compile_queryset(queryset)
     statement = ctx.sql.explain(text, params)
     with ctx.conn.cursor() as cursor:
         cursor.execute(statement.sql, statement.params)
@@ -62,7 +62,7 @@ def read_plan(ctx: ModelContext, queryset: Any) -> list[dict[str, Any]]:
 
 def claim_query(ctx: ModelContext) -> Any:
     """The candidates SELECT of a claim of ``limits.explain_limit`` rows."""
-    return _candidates(ctx.rows().claimable(), ctx.opts, ctx.limits.explain_limit)
+    return candidates(ctx.rows().claimable(), ctx.opts, ctx.limits.explain_limit)
 
 
 def reap_query(ctx: ModelContext) -> Any:

@@ -11,7 +11,8 @@ from .. import bounds
 from ..conf import taskclaim_settings
 from ..db import DbNow
 from ..models import WorkerProcess
-from ..monitoring import humanize_seconds, live_workers, prune, silent_after, silent_worker_q
+from ..monitoring import humanize_seconds, live_workers, silent_after, silent_worker_q
+from ..retention import prune
 from .context import ModelContext
 from .findings import Finding, duration_option, human_bytes
 

@@ -10,6 +10,8 @@
   (:mod:`.singleton`).
 - :func:`advisory_key` — the stable string → signed int64 hash used for string keys
   (:mod:`.keys`).
+- :class:`LeaseState` — what a lease lock knows, one frozen snapshot (:mod:`.state`,
+  with the advisory blocks' ``Entered``); the lease renewer thread is :mod:`.renewer`.
 
 The SQL they send is the vendor's, in :mod:`django_taskclaim.backends`. Everything is
 importable from here. See ``docs/locks.md`` for which lock fits which job.
@@ -29,7 +31,15 @@ from .keys import (
     advisory_key,
     normalize_key,
 )
-from .lease import MAX_TTL, MIN_RENEW_EVERY, MIN_TTL, LeaseLock, lease_lock, safety_margin
+from .lease import (
+    MAX_TTL,
+    MIN_RENEW_EVERY,
+    MIN_TTL,
+    LeaseLock,
+    LeaseState,
+    lease_lock,
+    safety_margin,
+)
 from .singleton import SKIPPED, singleton
 
 __all__ = [
@@ -46,6 +56,7 @@ __all__ = [
     "AdvisoryLock",
     "Key",
     "LeaseLock",
+    "LeaseState",
     "LockLost",
     "LockUsageError",
     "OnFail",

@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Literal, TypeVar, cast
@@ -20,6 +19,7 @@ from ..conf import taskclaim_settings
 from ..db import in_user_atomic, is_lock_timeout
 from ..exceptions import LockLost, LockNotAcquired, LockUsageError
 from .keys import dotted_path, normalize_key
+from .state import Entered, EntryStack
 
 logger = logging.getLogger("django_taskclaim.locks")
 
@@ -88,16 +88,7 @@ class AdvisoryLock:
         self.using = using or DEFAULT_DB_ALIAS
         self.on_fail = on_fail
         self._decorating = False
-        # Per-thread, per-enter state (a stack per thread, so one object may be nested,
-        # and one module-level object may be used by many threads at once).
-        self._local = threading.local()
-
-    @property
-    def _stack(self) -> list[dict[str, Any]]:
-        stack = getattr(self._local, "stack", None)
-        if stack is None:
-            stack = self._local.stack = []
-        return cast(list[dict[str, Any]], stack)
+        self._entries = EntryStack()
 
     def __repr__(self) -> str:
         scope = "xact" if self.xact else "session"
@@ -181,37 +172,36 @@ class AdvisoryLock:
                 "the transaction, or use xact=False (released when the block ends)."
             )
         lock_id = sql.advisory_lock_id(key, str(conn.settings_dict["NAME"]))
-        state: dict[str, Any] = {"lock_id": lock_id, "named": named, "atomic": None}
-        self._stack.append(state)
+        atomic: transaction.Atomic | None = None
         try:
             # Transaction scope: the lock lives as long as the transaction. Open one
             # unless the caller has (then it is held until the caller's commit/rollback).
             # A named lock is released after the commit of a transaction of its own.
             if self.xact and (not conn.in_atomic_block or named):
-                state["atomic"] = transaction.atomic(using=self.using)
-                state["atomic"].__enter__()
+                atomic = transaction.atomic(using=self.using)
+                atomic.__enter__()
             acquired = self._acquire(conn, sql, lock_id)
         except BaseException as exc:
-            self._abort(state, exc)
+            if atomic is not None:
+                atomic.__exit__(type(exc), exc, exc.__traceback__)
             raise
-        state["acquired"] = acquired
+        entered = Entered(
+            lock_id=lock_id,
+            session=not self.xact or named,
+            atomic=atomic,
+            acquired=acquired,
+            raw=conn.connection if acquired else None,
+        )
         if acquired:
-            state["raw"] = conn.connection
+            self._entries.stack.append(entered)
             logger.debug("advisory lock acquired key=%s using=%s", self.key, self.using)
             return True
         if self.on_fail == "raise":
-            self._abort(state)
+            entered.end_transaction()
             what = "timed out" if self.timeout else "is held elsewhere"
             raise LockNotAcquired(f"advisory lock {self.key!r} {what}")
+        self._entries.stack.append(entered)
         return False
-
-    def _abort(self, state: dict[str, Any], exc: BaseException | None = None) -> None:
-        if self._stack and self._stack[-1] is state:
-            self._stack.pop()
-        if state["atomic"] is not None:
-            exc_type = type(exc) if exc is not None else None
-            tb = exc.__traceback__ if exc is not None else None
-            state["atomic"].__exit__(exc_type, exc, tb)
 
     def _acquire(self, conn: Any, sql: DatabaseSQL, lock_id: tuple[Any, ...]) -> bool:
         try_ = not self.wait or self.timeout == 0
@@ -245,29 +235,29 @@ class AdvisoryLock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        state = self._stack.pop()
+        entered = self._entries.stack.pop()
         conn = connections[self.using]
         lost: str | None = None
         try:
-            if state["atomic"] is not None:
-                # end the transaction first; a named lock is released after it (below)
-                state["atomic"].__exit__(exc_type, exc, tb)
+            # end the transaction first; a named lock is released after it (below)
+            if entered.atomic is not None:
+                entered.atomic.__exit__(exc_type, exc, tb)
         finally:
-            if state.get("acquired") and (not self.xact or state["named"]):
-                lost = self._release_session(conn, state)
+            if entered.acquired and entered.session:
+                lost = self._release_session(conn, entered)
         if lost and exc_type is None:
             raise LockLost(lost)
         if lost:
             logger.error("advisory lock lost key=%s: %s", self.key, lost)
 
-    def _release_session(self, conn: Any, state: dict[str, Any]) -> str | None:
+    def _release_session(self, conn: Any, entered: Entered) -> str | None:
         """Release a session-level lock; return why it was lost, or None."""
-        if conn.connection is None or conn.connection is not state["raw"]:
+        if conn.connection is None or conn.connection is not entered.raw:
             return (
                 f"session advisory lock {self.key!r} was lost with its connection "
                 "(closed or replaced while the block ran)"
             )
-        unlock = for_connection(conn).advisory_unlock(state["lock_id"], shared=self.shared)
+        unlock = for_connection(conn).advisory_unlock(entered.lock_id, shared=self.shared)
         try:
             with conn.cursor() as cursor:
                 cursor.execute(*unlock)

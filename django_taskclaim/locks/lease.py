@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
@@ -21,6 +22,8 @@ from ..conf import taskclaim_settings
 from ..db import default_worker_id, in_user_atomic, retry_transient
 from ..exceptions import LockLost, LockNotAcquired, LockUsageError
 from .keys import validate_lease_key
+from .renewer import Renewer
+from .state import LeaseState
 
 logger = logging.getLogger("django_taskclaim.locks")
 
@@ -129,33 +132,41 @@ class LeaseLock:
                 f"auto_renew is True/False or an interval from {MIN_RENEW_EVERY:g} s to "
                 f"below ttl={self.ttl:g} s, got {auto_renew!r}"
             )
-        #: Fencing token of the held lease, ``None`` when not held.
-        self.token: int | None = None
-        self._lost = False
-        self._deadline = 0.0  # monotonic; meaningful while token is not None
-        self._state = threading.Lock()
-        self._renewer: _Renewer | None = None
+        self._lease = LeaseState()
+        self._guard = threading.Lock()  # serialises the read-modify-replace of _lease
+        self._renewer: Renewer | None = None
 
     def __repr__(self) -> str:
         return f"<LeaseLock key={self.key!r} owner={self.owner!r} token={self.token}>"
 
     @property
+    def token(self) -> int | None:
+        """Fencing token of the held lease, ``None`` when not held."""
+        return self._lease.token
+
+    @property
+    def state(self) -> LeaseState:
+        """What this object knows of its lease, as one consistent snapshot."""
+        return self._lease
+
+    @property
     def held(self) -> bool:
         """Whether this object holds the lease: taken, not found lost, and its local
         deadline (see the class docstring) not passed."""
-        return self.token is not None and not self._lost and time.monotonic() < self._deadline
+        return self._lease.held(time.monotonic())
 
     @property
     def lost(self) -> bool:
         """Whether the lease was found taken over, or its local deadline passed."""
-        return self._lost or (self.token is not None and time.monotonic() >= self._deadline)
+        return self._lease.over(time.monotonic())
 
     @property
     def seconds_left(self) -> float:
         """Seconds until the local deadline (0 when not held)."""
-        if self.token is None or self._lost:
+        lease = self._lease
+        if lease.token is None or lease.lost:
             return 0.0
-        return max(0.0, self._deadline - time.monotonic())
+        return max(0.0, lease.deadline - time.monotonic())
 
     def _good_until(self, sent: float) -> float:
         return sent + self.ttl - safety_margin(self.ttl)
@@ -166,21 +177,19 @@ class LeaseLock:
         Already held by this object: renews instead. On success :attr:`token` is the
         new fencing token (one more than the previous holder's).
         """
-        if self.token is not None and not self._lost:
+        if self._lease.token is not None and not self._lease.lost:
             return self.renew()
         sent = time.monotonic()
         token = _lease_statement(
             self.using,
             lambda sql, cursor, t: sql.lease_acquire(cursor, t, self.key, self.owner, self.ttl),
         )
-        with self._state:
-            self.token = token
-            self._lost = False
-            self._deadline = self._good_until(sent)
+        with self._guard:
+            self._lease = LeaseState(token=token, deadline=self._good_until(sent))
         if token is None:
             logger.debug("lease busy key=%s owner=%s", self.key, self.owner)
             return False
-        if time.monotonic() >= self._deadline:
+        if time.monotonic() >= self._lease.deadline:
             # The statement took longer than the lease (it waited on the row's lock): the
             # lease may end before the caller could use it. Give it back; not acquired.
             logger.warning(
@@ -202,10 +211,11 @@ class LeaseLock:
         Fenced on (key, owner, token): after a takeover it changes nothing. A lease whose
         local deadline already passed is not renewed (someone may hold it already).
         """
-        token = self.token
-        if token is None or self._lost:
+        lease = self._lease
+        token = lease.token
+        if token is None or lease.lost:
             return False
-        if time.monotonic() >= self._deadline:
+        if time.monotonic() >= lease.deadline:
             self._mark_lost("its deadline passed before it was renewed")
             return False
         sent = time.monotonic()
@@ -218,10 +228,10 @@ class LeaseLock:
         if not ok:
             self._mark_lost("taken over: the renewal matched nothing")
         else:
-            with self._state:
-                if self.token == token and not self._lost:
-                    self._deadline = self._good_until(sent)
-            if time.monotonic() >= self._deadline:
+            with self._guard:
+                if self._lease.token == token and not self._lease.lost:
+                    self._lease = replace(self._lease, deadline=self._good_until(sent))
+            if time.monotonic() >= self._lease.deadline:
                 self._mark_lost("its renewal took longer than the lease")
                 return False
         return ok
@@ -239,8 +249,8 @@ class LeaseLock:
         if token is None:
             return False
         expired = self.lost
-        with self._state:
-            self.token = None
+        with self._guard:
+            self._lease = replace(self._lease, token=None)
         if expired:
             return False
         try:
@@ -292,9 +302,9 @@ class LeaseLock:
             )
 
     def _mark_lost(self, why: str, *, token: int | None = None) -> None:
-        with self._state:
-            already = self._lost
-            self._lost = True
+        with self._guard:
+            already = self._lease.lost
+            self._lease = replace(self._lease, lost=True)
         if not already:
             logger.warning(
                 "lease lost key=%s owner=%s token=%s: %s",
@@ -306,7 +316,7 @@ class LeaseLock:
 
     def _start_renewer(self) -> None:
         if self.renew_every is not None and self._renewer is None:
-            self._renewer = _Renewer(self, self.renew_every)
+            self._renewer = Renewer(self, self.renew_every)
             self._renewer.start()
 
     def _stop_renewer(self) -> None:
@@ -315,7 +325,7 @@ class LeaseLock:
             renewer.stop(timeout=max(1.0, self.seconds_left))
 
     def __enter__(self) -> LeaseLock:
-        if self.token is not None and not self._lost:
+        if self._lease.token is not None and not self._lease.lost:
             raise LockUsageError(
                 f"lease {self.key!r} is already held by this object: nested `with` on one "
                 "LeaseLock is refused (the inner exit would release the outer block's lock)"
@@ -340,7 +350,7 @@ class LeaseLock:
         self._stop_renewer()
         lost = self.lost  # before release: was the block covered to its end?
         self.release()
-        if (lost or self._lost) and exc_type is None:
+        if (lost or self._lease.lost) and exc_type is None:
             raise LockLost(
                 f"lease {self.key!r} was lost before the block ended (taken over, or its "
                 "deadline passed without a renewal); the block ran partly without the lock"
@@ -349,46 +359,3 @@ class LeaseLock:
 
 #: Alias of :class:`LeaseLock`.
 lease_lock = LeaseLock
-
-
-class _Renewer(threading.Thread):
-    """Renews a lease every ``interval`` seconds on the thread's own connection.
-
-    Never renews past the lease's local deadline; a statement that hangs (a black-holed
-    network) does not keep :attr:`LeaseLock.held` true, and ``stop()`` does not wait for
-    it beyond its timeout (the thread is a daemon)."""
-
-    def __init__(self, lock: LeaseLock, interval: float) -> None:
-        super().__init__(name=f"taskclaim-lease-{lock.key}", daemon=True)
-        self.lock = lock
-        self.interval = interval
-        self._stop_event = threading.Event()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop_event.set()
-        if self is not threading.current_thread():
-            self.join(timeout)
-
-    def run(self) -> None:
-        lock = self.lock
-        try:
-            while not self._stop_event.wait(self.interval):
-                if not lock.held:
-                    if lock.token is not None and not lock._lost:
-                        lock._mark_lost("its deadline passed: the database did not answer in time")
-                    return
-                try:
-                    ok = lock.renew()
-                except DatabaseError as exc:
-                    logger.warning(
-                        "lease renewal failed key=%s error=%s (held for %.1fs more at most)",
-                        lock.key,
-                        str(exc).strip().splitlines()[0] if str(exc).strip() else exc,
-                        lock.seconds_left,
-                    )
-                    connections[lock.using].close()
-                    continue
-                if not ok:
-                    return
-        finally:
-            connections[lock.using].close()

@@ -2,34 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from django.apps import AppConfig
-from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-#: The app's label: the scratch models' ``app_label``, the prefix of their table names.
+#: The app's label: the lab models' ``app_label``, the prefix of their table names.
 LABEL = "taskclaim_racelab"
 
 
 class RaceLabConfig(AppConfig):
-    """The race lab app: registers the scratch models, keeps them out of the project.
+    """The race lab app: its models, their migration, ``manage.py taskclaim_racelab``.
 
-    The scratch tables exist only while a lab run lasts, so the app's models are left
-    out of every "all installed models" listing (:meth:`get_models`): the library's
-    :func:`~django_taskclaim.options.claimable_models` (admin dashboard,
-    ``taskclaim_stats``, ``taskclaim_reap``, the worker, the system checks), Django's
-    model checks, content types, permissions, ``makemigrations`` and ``dumpdata`` never
-    see them. ``apps.get_model("taskclaim_racelab", "LabTask")`` still finds them.
+    Its models are registered like any app's and ``migrate`` creates their (empty)
+    tables. ``LabTask`` is claimable, but it is the lab's scratch queue, not one of the
+    project's: :attr:`taskclaim_discover` keeps it out of
+    :func:`~django_taskclaim.options.claimable_models` (the admin dashboard,
+    ``taskclaim_stats``, ``taskclaim_reap``, ``taskclaim_prune``, ``taskclaim_doctor``,
+    the worker without model labels and the ``taskclaim`` system checks).
     """
 
     name = "django_taskclaim.contrib.racelab"
     label = LABEL
     verbose_name = _("Race lab")
     default_auto_field = "django.db.models.BigAutoField"
-
-    def get_models(
-        self, include_auto_created: bool = False, include_swapped: bool = False
-    ) -> Iterator[type[models.Model]]:
-        """Yield nothing: the scratch models have no table outside a lab run."""
-        return iter(())
+    #: Read by :func:`~django_taskclaim.options.claimable_models`: ``False`` leaves this
+    #: app's claimable models out of every "all claimable models" listing; they are
+    #: claimed only where named (``claim()`` on their queryset, a worker given the label).
+    taskclaim_discover = False

@@ -35,7 +35,8 @@ def build_lab(
 
     Guarantee: ``processes``, ``rows`` and ``batch`` are at least 1, the two pauses are
     not negative, ``timeout`` is positive, ``using`` is a configured database alias and
-    every name in ``techniques`` is one ``--technique`` accepts; nothing runs here.
+    every name in ``techniques`` is one ``--technique`` accepts, and the lab's tables
+    exist there (else the error names the ``migrate`` to run); nothing runs here.
     """
     for name, value in (("processes", processes), ("rows", rows), ("batch", batch)):
         if value < 1:
@@ -53,7 +54,7 @@ def build_lab(
     for name in techniques:
         if name not in known:
             raise ConfigurationError(f"unknown technique {name!r}; choose from {', '.join(known)}")
-    return RaceLab(
+    lab = RaceLab(
         using=using,
         processes=processes,
         rows=rows,
@@ -62,6 +63,8 @@ def build_lab(
         window=window_ms / 1000,
         timeout=timeout,
     )
+    lab.check_tables()
+    return lab
 
 
 def run_and_report(

@@ -1,9 +1,9 @@
-"""The lab: scratch tables filled, N forked claimer processes racing, claims counted.
+"""The lab: its tables filled, N forked claimer processes racing, claims counted.
 
-:class:`RaceLab` fills the scratch table with M ready rows and lets N forked claimer
+:class:`RaceLab` fills the lab's task table with M ready rows and lets N forked claimer
 processes drain it with one technique at a time. Every claim is recorded; a row handed
-out more than once is a **double claim**. The lab creates its scratch tables itself (no
-migration in the user's project) and drops them afterwards.
+out more than once is a **double claim**. The tables come from the app's migration; the
+lab empties them before each technique and after the run.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, connections
 
 from django_taskclaim.db import is_transient
+from django_taskclaim.exceptions import ConfigurationError
 
-from .models import SCRATCH_MODELS, LabTask
+from .apps import LABEL
+from .models import LAB_MODELS, LabTask
 from .report import LabResult
 from .techniques import TECHNIQUES, Context, Technique, get_technique
 
@@ -98,10 +100,10 @@ def _claimer(
 
 
 class RaceLab:
-    """Runs techniques against scratch tables on database ``using``.
+    """Runs techniques against the lab's tables on database ``using``.
 
-    Guarantee: the scratch tables exist only while :meth:`run` runs (they are dropped
-    afterwards, also on errors); nothing else in the database is touched. The lab
+    Guarantee: the lab's tables (created by ``migrate``) are empty again once :meth:`run`
+    returns or raises; nothing else in the database is touched. The lab
     creates rows and lets ``processes`` forked claimers drain them; each claim is
     recorded, so ``double_claims`` counts every extra hand-out of a row and
     ``never_claimed`` every row no claimer got before the run ended.
@@ -126,27 +128,25 @@ class RaceLab:
         self.window = window
         self.timeout = timeout
 
-    # -- scratch tables --
-    def create_tables(self) -> None:
-        """(Re)create the scratch tables, dropping leftovers of an interrupted run."""
-        self.drop_tables()
-        conn = connections[self.using]
-        with conn.schema_editor() as editor:
-            for model in SCRATCH_MODELS:
-                editor.create_model(model)
+    # -- the lab's tables --
+    def check_tables(self) -> None:
+        """Raise :class:`ConfigurationError` naming the ``migrate`` to run unless every
+        lab table exists on the lab's database."""
+        existing = set(connections[self.using].introspection.table_names())
+        missing = [m._meta.db_table for m in LAB_MODELS if m._meta.db_table not in existing]
+        if missing:
+            raise ConfigurationError(
+                f"the race lab's tables are missing on database {self.using!r} "
+                f"({', '.join(missing)}); run: manage.py migrate {LABEL} --database {self.using}"
+            )
 
-    def drop_tables(self) -> None:
-        """Drop the scratch tables that exist."""
-        conn = connections[self.using]
-        existing = set(conn.introspection.table_names())
-        with conn.schema_editor() as editor:
-            for model in SCRATCH_MODELS:
-                if model._meta.db_table in existing:
-                    editor.delete_model(model)
+    def empty_tables(self) -> None:
+        """Delete every row of the lab's tables (rows of an interrupted run included)."""
+        for model in LAB_MODELS:
+            model._base_manager.using(self.using).all().delete()
 
     def _fill(self) -> None:
-        for model in SCRATCH_MODELS:
-            model._base_manager.using(self.using).all().delete()
+        self.empty_tables()
         LabTask.objects.using(self.using).bulk_create(
             [LabTask() for _ in range(self.rows)], batch_size=1000
         )
@@ -158,11 +158,14 @@ class RaceLab:
         *,
         on_result: Callable[[LabResult], None] | None = None,
     ) -> list[LabResult]:
-        """Run each technique (default: all) in turn; return one result per technique."""
+        """Run each technique (default: all) in turn; return one result per technique.
+
+        Raises :class:`ConfigurationError` before anything runs when the lab's tables
+        were not migrated on its database."""
         names = list(techniques) if techniques is not None else list(TECHNIQUES)
         chosen = [get_technique(n) for n in names]
         results: list[LabResult] = []
-        self.create_tables()
+        self.check_tables()
         try:
             for technique in chosen:
                 result = self.run_one(technique)
@@ -170,11 +173,11 @@ class RaceLab:
                 if on_result is not None:
                     on_result(result)
         finally:
-            self.drop_tables()
+            self.empty_tables()
         return results
 
     def run_one(self, technique: Technique) -> LabResult:
-        """Run one technique on freshly filled scratch tables (which must exist)."""
+        """Run one technique on freshly filled lab tables (which must exist)."""
         result = LabResult(technique.name, technique.kind)
         reason = technique.unsupported(self.using)
         if reason:

@@ -1,10 +1,6 @@
-"""The lab's scratch models. Their tables are created and dropped by the lab itself.
-
-``managed = False`` and no migrations: ``migrate`` never creates these tables and
-``makemigrations`` never writes a migration for them (the app keeps them out of its
-model listing, see :class:`~django_taskclaim.contrib.racelab.apps.RaceLabConfig`).
-:class:`~django_taskclaim.contrib.racelab.lab.RaceLab` creates them with the schema
-editor when a run starts and drops them when it ends.
+"""The lab's models: the rows the claimers fight over and the lock tables of the
+techniques raced. Their tables come from the app's migration (``migrate``); the lab
+empties them before each technique and after its run, and writes nothing else.
 """
 
 from __future__ import annotations
@@ -15,10 +11,11 @@ from django.db import models
 
 from django_taskclaim.mixins import ClaimableModel, claim_indexes
 
-from .apps import LABEL, RaceLabConfig
+from .apps import RaceLabConfig
 
 if not apps.is_installed(RaceLabConfig.name):
-    # Without the app these models would be registered by whoever imports them.
+    # Django would file these models under the enclosing installed app (``taskclaim``,
+    # whose package contains this one) instead of refusing them: refuse them here.
     raise ImproperlyConfigured(
         f"the race lab needs {RaceLabConfig.name!r} in INSTALLED_APPS (see docs/racelab.md)"
     )
@@ -33,9 +30,7 @@ class LabTask(ClaimableModel):
         max_attempts = 1000
 
     class Meta:
-        app_label = LABEL
         db_table = "taskclaim_racelab_task"
-        managed = False
         indexes = claim_indexes("tcrl_task", order=("created_at", "id"))
 
 
@@ -46,9 +41,7 @@ class LabInsertLock(models.Model):
     owner = models.CharField(max_length=255)
 
     class Meta:
-        app_label = LABEL
         db_table = "taskclaim_racelab_insertlock"
-        managed = False
 
     def __str__(self) -> str:
         return f"lock {self.task_id}"
@@ -62,9 +55,7 @@ class LabLease(models.Model):
     locked_until = models.DateTimeField()
 
     class Meta:
-        app_label = LABEL
         db_table = "taskclaim_racelab_lease"
-        managed = False
 
     def __str__(self) -> str:
         return self.key
@@ -77,13 +68,11 @@ class LabBatchLock(models.Model):
     ids = models.TextField()
 
     class Meta:
-        app_label = LABEL
         db_table = "taskclaim_racelab_batchlock"
-        managed = False
 
     def __str__(self) -> str:
         return f"{self.owner}: {self.ids}"
 
 
-#: Every scratch model, in the order the lab creates their tables.
-SCRATCH_MODELS: tuple[type[models.Model], ...] = (LabTask, LabInsertLock, LabLease, LabBatchLock)
+#: Every lab model, in the order the lab empties their tables.
+LAB_MODELS: tuple[type[models.Model], ...] = (LabTask, LabInsertLock, LabLease, LabBatchLock)

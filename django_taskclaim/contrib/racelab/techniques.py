@@ -1,8 +1,8 @@
 """The claim techniques the lab races: the library's strategies, two correct lock
 tables, and the broken recipes the articles warn about.
 
-Each :class:`Technique` claims, "works" and finishes up to ``batch`` rows of the scratch
-table per :meth:`Technique.take`, reporting every row it was handed to ``record``.
+Each :class:`Technique` claims, "works" and finishes up to ``batch`` rows of the lab's
+task table per :meth:`Technique.take`, reporting every row it was handed to ``record``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Context:
     lost: int = 0
 
     def tasks(self) -> Any:
-        """The scratch rows (``LabTask``) on this claimer's database."""
+        """The lab's rows (``LabTask``) on this claimer's database."""
         return LabTask.objects.using(self.using)
 
     def ready_ids(self, limit: int) -> list[int]:
@@ -237,8 +237,8 @@ class BrokenBatchLock(Technique):
         locks = LabBatchLock._default_manager.using(ctx.using)
         with transaction.atomic(using=ctx.using):
             taken: set[int] = set()
-            for ids in locks.values_list("ids", flat=True):
-                taken.update(json.loads(ids))
+            for held in locks.values_list("ids", flat=True):
+                taken.update(json.loads(held))
             ids = [pk for pk in ctx.ready_ids(ctx.batch + len(taken)) if pk not in taken]
             ids = ids[: ctx.batch]
             if not ids:

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from django_taskclaim.doctor import SEVERITIES, Finding, diagnose, exit_code
+from django_taskclaim.doctor import diagnose, exit_code, format_findings
 from django_taskclaim.exceptions import TaskClaimError
 from django_taskclaim.options import resolve_model
 
@@ -59,27 +59,7 @@ class Command(BaseCommand):
             document = {"findings": [f.as_dict() for f in findings], "exit": code}
             self.stdout.write(json.dumps(document, indent=2))
         else:
-            self.stdout.write(render_text(findings, code))
+            self.stdout.write(format_findings(findings, code))
         if code:
             self.stdout.flush()
             raise SystemExit(code)
-
-
-def render_text(findings: list[Finding], code: int) -> str:
-    """One line per finding (severity, id, model, title); under a warning or an error,
-    its detail and its fix, indented; then a count per severity and the exit code."""
-    width = max((len(f.model or "-") for f in findings), default=1)
-    lines = []
-    for f in findings:
-        lines.append(f"{f.severity:<8} {f.id}  {(f.model or '-'):<{width}}  {f.title}")
-        if f.severity != "ok":
-            if f.detail:
-                lines.append(f"{'':<8} {'':<7}  {'':<{width}}  detail: {f.detail}")
-            lines.append(f"{'':<8} {'':<7}  {'':<{width}}  fix: {f.fix}")
-    counts = {s: sum(1 for f in findings if f.severity == s) for s in SEVERITIES}
-    lines.append("")
-    lines.append(
-        f"{counts['ok']} ok, {counts['warning']} warning(s), {counts['error']} error(s); "
-        f"exit {code}"
-    )
-    return "\n".join(lines)

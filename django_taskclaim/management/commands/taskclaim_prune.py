@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -11,20 +9,9 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from django_taskclaim import bounds
 from django_taskclaim.exceptions import ConfigurationError
-from django_taskclaim.monitoring import prune
-from django_taskclaim.options import claimable_models, get_options, resolve_model
+from django_taskclaim.options import resolve_model
+from django_taskclaim.retention import parse_age, prune_models
 from django_taskclaim.status import TERMINAL_STATES
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-
-
-def parse_duration(text: str) -> timedelta:
-    """``"90s"``, ``"15m"``, ``"12h"``, ``"7d"``, ``"2w"`` → ``timedelta``; ValueError otherwise."""
-    match = _DURATION.match(text or "")
-    if not match:
-        raise ValueError(text)
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
 
 
 class Command(BaseCommand):
@@ -52,14 +39,6 @@ class Command(BaseCommand):
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        labels: list[str] = options["models"]
-        try:
-            age = parse_duration(options["older_than"])
-        except ValueError:
-            raise CommandError(
-                f"--older-than {options['older_than']!r} is not a duration; use a number and "
-                "a unit (s, m, h, d, w), e.g. --older-than 7d"
-            ) from None
         states = [s.strip() for s in options["states"].split(",") if s.strip()]
         bad = [s for s in states if s not in TERMINAL_STATES]
         if bad or not states:
@@ -76,37 +55,21 @@ class Command(BaseCommand):
                 f"configured: {', '.join(connections)}"
             )
         try:
-            targets = [resolve_model(label) for label in labels]
+            result = prune_models(
+                [resolve_model(label) for label in options["models"]],
+                older_than=parse_age(options["older_than"]),
+                states=states,
+                batch_size=batch_size,
+                dry_run=options["dry_run"],
+                using=options["database"],
+            )
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from None
-        explicit = bool(targets)
-        if not explicit:
-            targets = list(claimable_models())
         verb = "would delete" if options["dry_run"] else "deleted"
-        total = 0
-        for model in targets:
-            opts = get_options(model)
-            if not opts.has("finished_at"):
-                if explicit:
-                    raise CommandError(
-                        f"{opts.label} has no finished_at field, so the age of its finished "
-                        "rows is unknown; add TimestampFieldsMixin to it, or leave it out"
-                    )
-                self.stdout.write(f"{opts.label}: skipped (no finished_at field)")
-                continue
-            try:
-                n = prune(
-                    model,
-                    older_than=age,
-                    states=states,
-                    batch_size=batch_size,
-                    dry_run=options["dry_run"],
-                    using=options["database"],
-                )
-            except ConfigurationError as exc:
-                raise CommandError(str(exc)) from None
-            total += n
-            self.stdout.write(f"{opts.label}: {verb} {n} row(s)")
+        for label in result.skipped:
+            self.stdout.write(f"{label}: skipped (no finished_at field)")
+        for label, n in result.per_model.items():
+            self.stdout.write(f"{label}: {verb} {n} row(s)")
         self.stdout.write(
-            f"total: {verb} {total} row(s) finished more than {options['older_than']} ago"
+            f"total: {verb} {result.total} row(s) finished more than {options['older_than']} ago"
         )

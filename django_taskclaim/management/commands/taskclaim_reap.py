@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import signal
-import threading
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 
 from django_taskclaim import bounds
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.management.verbosity import configure_logging
 from django_taskclaim.options import claimable_models, resolve_model
-from django_taskclaim.reaper import recover, release_worker
+from django_taskclaim.reaper import recover_and_release, repeat_until_signalled
 
 
 class Command(BaseCommand):
@@ -65,17 +63,13 @@ class Command(BaseCommand):
             raise CommandError("no claimable model is installed: nothing to reap")
 
         def one_pass() -> None:
-            result = recover(targets, using=using, dry_run=options["dry_run"], batch_size=batch)
-            for worker_id in options["release_worker"]:
-                part = release_worker(
-                    worker_id,
-                    *targets,
-                    using=using,
-                    dry_run=options["dry_run"],
-                    reason="released from worker {} by an operator (taskclaim_reap)",
-                )
-                for label, counts in part.per_model.items():
-                    result.add(label, counts["requeued"], counts["failed"])
+            result = recover_and_release(
+                targets,
+                release_workers=options["release_worker"],
+                using=using,
+                dry_run=options["dry_run"],
+                batch_size=batch,
+            )
             verb = "would requeue" if options["dry_run"] else "requeued"
             for model in targets:
                 counts = result.per_model.get(model._meta.label, {"requeued": 0, "failed": 0})
@@ -92,22 +86,11 @@ class Command(BaseCommand):
             except DatabaseError as exc:
                 raise CommandError(f"database error: {str(exc).strip().splitlines()[0]}") from None
             return
-        stop = threading.Event()
-        previous = {
-            sig: signal.signal(sig, lambda *_: stop.set())
-            for sig in (signal.SIGTERM, signal.SIGINT)
-        }
-        try:
-            while not stop.is_set():
-                try:
-                    one_pass()
-                except DatabaseError as exc:
-                    self.stderr.write(f"reap failed: {str(exc).strip().splitlines()[0]}")
-                    connections.close_all()
-                stop.wait(interval)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        repeat_until_signalled(
+            interval,
+            one_pass,
+            lambda exc: self.stderr.write(f"reap failed: {str(exc).strip().splitlines()[0]}"),
+        )
 
 
 def _number(value: Any, name: str) -> Any:

@@ -14,9 +14,10 @@ from django_taskclaim.exceptions import ConfigurationError
 
 class Command(BaseCommand):
     help = (
-        "Race N claimer processes over M scratch rows with each claim technique (ours, "
+        "Race N claimer processes over M lab rows with each claim technique (ours, "
         "lock tables, and the broken recipes) and print claims/s, double claims, rows "
-        "never claimed and retried errors. Creates and drops its own scratch tables."
+        "never claimed and retried errors. Needs the app's tables (manage.py migrate); "
+        "empties them before each technique and after the run."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
