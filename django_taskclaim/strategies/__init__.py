@@ -24,18 +24,17 @@ from ..exceptions import StrategyNotSupportedError
 from .base import (
     RECOVERED_ATTR,
     Strategy,
+    candidates,
     claim_columns,
     claim_order,
     claim_updates,
     column,
     was_recovered,
 )
-from .base import _candidates as _candidates
 from .cas import CompareAndSet, read_claimed
 from .postgresql import Advisory, Hold, Serializable, advisory_table_key
 from .skip_locked import SkipLocked
-from .statements import _compile as _compile
-from .statements import complete_many_in_one
+from .statements import compile_queryset, complete_many_in_one
 
 __all__ = [
     "RECOVERED_ATTR",
@@ -48,10 +47,12 @@ __all__ = [
     "SkipLocked",
     "Strategy",
     "advisory_table_key",
+    "candidates",
     "claim_columns",
     "claim_order",
     "claim_updates",
     "column",
+    "compile_queryset",
     "complete_many_in_one",
     "read_claimed",
     "resolve",

@@ -2,7 +2,7 @@
 
 :class:`Strategy` is what ``claim()`` calls; this module also holds the ORM form of a
 claim's SET clause (:func:`claim_updates`), the claim order (:func:`claim_order`) and
-the candidate rows it selects (:func:`_candidates`), the quoted claim columns handed to
+the candidate rows it selects (:func:`candidates`), the quoted claim columns handed to
 the backends (:func:`claim_columns`), and the mark of a row recovered from a lost holder
 (:data:`RECOVERED_ATTR`, :func:`was_recovered`).
 """
@@ -169,7 +169,7 @@ def _order_by(opts: ClaimOptions, using: str) -> list[Any]:
     return out
 
 
-def _candidates(qs: models.QuerySet, opts: ClaimOptions, limit: int) -> models.QuerySet:
+def candidates(qs: models.QuerySet, opts: ClaimOptions, limit: int) -> models.QuerySet:
     """The candidate rows of a claim: ``(pk, locked_until)`` in claim order, at most ``limit``.
 
     ``locked_until`` of a ``ready`` row is set only on a row recovered from a lost holder

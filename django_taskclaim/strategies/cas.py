@@ -10,7 +10,8 @@ from django.db.models import Q, sql
 
 from ..backends import for_alias, for_connection
 from ..conf import taskclaim_settings
-from .base import Strategy, _candidates, _mark_recovered, _order_by, _sort, claim_updates
+from . import keyed
+from .base import Strategy, _mark_recovered, _order_by, _sort, candidates, claim_updates
 
 if TYPE_CHECKING:
     from ..options import ClaimOptions
@@ -38,6 +39,10 @@ class CompareAndSet(Strategy):
         cache_key: tuple[Any, ...] | None = None,
     ) -> list[models.Model]:
         conn = connections[qs.db]
+        if opts.concurrency is not None:
+            if for_connection(conn).one_writer_at_a_time:
+                return keyed.claim_one_writer(qs, n, opts=opts, lease=lease, worker=worker)
+            return keyed.claim_compare_and_set(qs, n, opts=opts, lease=lease, worker=worker)
         if (
             for_connection(conn).one_writer_at_a_time
             and conn.features.can_return_columns_from_insert
@@ -59,7 +64,7 @@ class CompareAndSet(Strategy):
         """
         base = qs.model._base_manager.using(qs.db)
         with transaction.atomic(using=qs.db):
-            picked = list(_candidates(qs, opts, n))
+            picked = list(candidates(qs, opts, n))
             if not picked:
                 return []
             target = base.filter(pk__in=[p["pk"] for p in picked]).filter(opts.status_q("ready"))
@@ -80,17 +85,17 @@ class CompareAndSet(Strategy):
         won: dict[Any, int] = {}  # pk -> the token this claim wrote
         recovered: set[Any] = set()
         for _round in range(8):
-            candidates = list(
+            rows = list(
                 qs.exclude(pk__in=list(won))
                 .order_by(*_order_by(opts, qs.db))
                 .values_list("pk", "version", "locked_until")[:k]
             )
-            if not candidates:
+            if not rows:
                 break
             collided = False
-            while candidates and len(won) < n:
-                index = random.randrange(len(candidates)) if collided else 0
-                pk, version, prev = candidates.pop(index)
+            while rows and len(won) < n:
+                index = random.randrange(len(rows)) if collided else 0
+                pk, version, prev = rows.pop(index)
                 hit = (
                     base.filter(pk=pk, version=version)
                     .filter(opts.status_q("ready"))

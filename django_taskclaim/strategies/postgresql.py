@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, cast
 from django.db import connections, models, transaction
 
 from ..backends import PostgreSQL, for_alias
+from . import keyed
 from .base import Strategy
 from .skip_locked import SkipLocked
 from .statements import _claim_returning, _compiled_candidates
@@ -41,6 +42,10 @@ class Advisory(Strategy):
         worker: str,
         cache_key: tuple[Any, ...] | None = None,
     ) -> list[models.Model]:
+        if opts.concurrency is not None:
+            return keyed.claim_one_statement(
+                qs, n, opts=opts, lease=lease, worker=worker, cache_key=cache_key, lock="advisory"
+            )
         sql, params = _compiled_candidates(qs, opts, max(n * 4, n + 8), cache_key)
         candidates = cast(PostgreSQL, for_alias(qs.db)).advisory_candidates_sql(sql, n)
         return _claim_returning(
@@ -71,6 +76,18 @@ class Serializable(Strategy):
         worker: str,
         cache_key: tuple[Any, ...] | None = None,
     ) -> list[models.Model]:
+        if opts.concurrency is not None:
+
+            def serializable() -> list[models.Model]:
+                with transaction.atomic(using=qs.db):
+                    with connections[qs.db].cursor() as cursor:
+                        cursor.execute(cast(PostgreSQL, for_alias(qs.db)).serializable_sql)
+                    return keyed.claim_one_statement(
+                        qs, n, opts=opts, lease=lease, worker=worker, cache_key=cache_key,
+                        lock="",
+                    )  # fmt: skip
+
+            return keyed.retry_key_conflicts(serializable, opts, qs.db)
         with transaction.atomic(using=qs.db):
             with connections[qs.db].cursor() as cursor:
                 cursor.execute(cast(PostgreSQL, for_alias(qs.db)).serializable_sql)
@@ -100,4 +117,6 @@ class Hold(Strategy):
         worker: str,
         cache_key: tuple[Any, ...] | None = None,
     ) -> list[models.Model]:
+        if opts.concurrency is not None:
+            keyed.refuse_hold(opts)
         return SkipLocked().claim(qs, n, opts=opts, lease=lease, worker=worker, cache_key=cache_key)

@@ -9,6 +9,7 @@ from django.db import connections, models, transaction
 
 from ..backends import for_connection
 from ..db import DbNow
+from . import keyed
 from .base import Strategy, _mark_recovered, _order_by, claim_updates
 from .statements import _claim_returning, _compiled_candidates
 
@@ -40,6 +41,13 @@ class SkipLocked(Strategy):
         cache_key: tuple[Any, ...] | None = None,
     ) -> list[models.Model]:
         conn = connections[qs.db]
+        if opts.concurrency is not None:
+            if for_connection(conn).claims_in_one_statement:
+                return keyed.claim_one_statement(
+                    qs, n, opts=opts, lease=lease, worker=worker, cache_key=cache_key,
+                    lock="skip_locked",
+                )  # fmt: skip
+            return keyed.claim_locked_in_transaction(qs, n, opts=opts, lease=lease, worker=worker)
         if for_connection(conn).claims_in_one_statement:
             sql, params = _compiled_candidates(qs, opts, n, cache_key)
             lock = conn.ops.for_update_sql(

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, models
 
 from ..backends import Statement, for_connection
-from .base import RECOVERED_ATTR, _candidates, _sort, claim_columns, column
+from .base import RECOVERED_ATTR, _sort, candidates, claim_columns, column
 
 if TYPE_CHECKING:
     from ..options import ClaimOptions
 
 
-def _compile(qs: models.QuerySet) -> tuple[str, tuple[Any, ...]]:
+def compile_queryset(qs: models.QuerySet) -> tuple[str, tuple[Any, ...]]:
     sql, params = qs.query.get_compiler(using=qs.db).as_sql()
     return sql, tuple(params)
 
@@ -40,13 +40,13 @@ def _compiled_candidates(
     compiles it once instead of on every claim.
     """
     if cache_key is None:
-        return _compile(_candidates(qs, opts, limit))
+        return compile_queryset(candidates(qs, opts, limit))
     key = (*cache_key, limit)
     hit = _COMPILED.get(key)
     if hit is None:
         if len(_COMPILED) >= _COMPILED_MAX:
             _COMPILED.clear()
-        hit = _COMPILED[key] = _compile(_candidates(qs, opts, limit))
+        hit = _COMPILED[key] = compile_queryset(candidates(qs, opts, limit))
     return hit
 
 

@@ -1,0 +1,362 @@
+"""Unique enqueue: "insert this task unless an equal one is already ready or processing".
+
+A model opts in with two declarations: an :class:`ActiveKeyField` (a stored generated
+column that holds the row's key while the row is *active*, ``ready`` or ``processing``,
+and ``NULL`` otherwise) and a plain ``UniqueConstraint`` on it. ``NULL`` never collides,
+so the database refuses a second active row with the same key, and only that. Then
+``Model.objects.enqueue_unique(dedupe_key=…, **fields)`` inserts, and on a violation of
+*that* constraint returns the active row that holds the key (see :func:`insert_unique`).
+
+The same declarations work on PostgreSQL, MariaDB / MySQL and SQLite: MariaDB has no
+partial indexes (Django skips a conditional ``UniqueConstraint`` there with
+``models.W036``), while a unique index on a stored generated column works everywhere.
+See ``docs/unique.md``.
+
+The system check registered here (tag ``taskclaim``, ``taskclaim.E030`` / ``E031``)
+refuses a model with an :class:`ActiveKeyField` but no unique constraint on it, or whose
+field no longer matches the model's status field and values.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from django.apps import apps
+from django.core import checks
+from django.db import IntegrityError, models, transaction
+from django.db.models import Case, F, Q, When
+
+from .backends import for_alias
+from .conf import CHECK_TAG
+from .db import retry_transient
+from .exceptions import ConfigurationError, TaskClaimError
+from .status import Status
+
+logger = logging.getLogger("django_taskclaim.unique")
+
+#: The logical states in which a row holds its key: a second row with the same key is
+#: refused while one is in them. A retry puts a row back to ``ready``: still active.
+ACTIVE_STATES = ("ready", "processing")
+
+#: How many times :func:`insert_unique` inserts when the row holding the key keeps
+#: finishing between its failed insert and its read.
+INSERT_ATTEMPTS = 5
+
+
+class UniqueKeyRaceError(TaskClaimError):
+    """The row holding a key kept leaving the active states (or stayed invisible to this
+    transaction) between a refused insert and the read of that row, every time."""
+
+
+def _model_statuses(cls: type[models.Model]) -> tuple[str, list[Any]]:
+    """``(status field name, stored values of the active states)`` from ``ClaimMeta``, as
+    :func:`django_taskclaim.options.get_options` reads them (checked by E031)."""
+    meta = getattr(cls, "ClaimMeta", None)
+    status_field = getattr(meta, "status_field", "status")
+    statuses = getattr(meta, "statuses", None) or {s: Status(s).value for s in ACTIVE_STATES}
+    # A state left unmapped is reported by taskclaim.E002; the column stays valid meanwhile.
+    return status_field, [statuses[s] for s in ACTIVE_STATES if statuses.get(s) is not None]
+
+
+def active_key_expression(key_field: str, status_field: str, active_values: Sequence[Any]) -> Case:
+    """``CASE WHEN <status> IN (<active values>) THEN <key> END``: the value an
+    :class:`ActiveKeyField` stores (``NULL`` when the row is not active)."""
+    return Case(When(Q(**{f"{status_field}__in": list(active_values)}), then=F(key_field)))
+
+
+#: ``Field`` options that define a column's type (copied from the key field).
+_TYPE_OPTIONS = ("max_length", "max_digits", "decimal_places", "db_collation")
+
+
+class ActiveKeyField(models.GeneratedField):
+    """A stored generated column: the row's ``key_field`` while its status is ``ready`` or
+    ``processing``, ``NULL`` otherwise. Put a ``UniqueConstraint`` on it (check E030)::
+
+        class Report(ClaimableModel):
+            dedupe_key = models.CharField(max_length=200, null=True, blank=True)
+            active_dedupe_key = ActiveKeyField("dedupe_key")
+
+            class Meta(ClaimableModel.Meta):
+                constraints = [
+                    models.UniqueConstraint(
+                        fields=["active_dedupe_key"], name="report_active_dedupe_key"
+                    )
+                ]
+
+    The status field and its active values come from the model's ``ClaimMeta``
+    (``status_field``, ``statuses``) unless given. ``output_field`` defaults to the key
+    field's type, which must then be declared above this field. The database keeps the
+    column current on every write, whoever writes; migrations record a plain
+    ``GeneratedField``, so they do not import this class.
+    """
+
+    def __init__(
+        self,
+        key_field: str,
+        output_field: models.Field[Any, Any] | None = None,
+        *,
+        status_field: str | None = None,
+        active_values: Sequence[Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(key_field, str) or not key_field:
+            raise TypeError(f"ActiveKeyField needs the name of the key field, got {key_field!r}")
+        for name in ("expression", "db_persist", "unique", "primary_key"):
+            if name in kwargs:
+                raise TypeError(f"ActiveKeyField does not take {name}=")
+        kwargs.setdefault("null", True)
+        self.key_field = key_field
+        self._status_field = status_field
+        self._active_values = None if active_values is None else list(active_values)
+        # Both are set in contribute_to_class, from the model this field joins.
+        super().__init__(
+            expression=cast(Any, None),
+            output_field=cast(Any, output_field),
+            db_persist=True,
+            **kwargs,
+        )
+
+    def contribute_to_class(
+        self, cls: type[models.Model], name: str, private_only: bool = False
+    ) -> None:
+        status_field, values = _model_statuses(cls)
+        self.status_field = self._status_field or status_field
+        self.active_values = self._active_values if self._active_values is not None else values
+        self.expression = active_key_expression(
+            self.key_field, self.status_field, self.active_values
+        )
+        if self.output_field is None:
+            try:
+                key = cls._meta.get_field(self.key_field)
+            except Exception:
+                raise TypeError(
+                    f"{cls.__name__}.{name}: declare the key field {self.key_field!r} above "
+                    "this ActiveKeyField, or pass output_field="
+                ) from None
+            if key.is_relation or not key.concrete:
+                raise TypeError(
+                    f"{cls.__name__}.{name}: the key field {self.key_field!r} must be a "
+                    "plain column (not a relation); pass output_field= for a foreign key's id"
+                )
+            _, _, _, key_kwargs = key.deconstruct()
+            options = {k: key_kwargs[k] for k in _TYPE_OPTIONS if k in key_kwargs}
+            self.output_field = type(key)(**options)
+        super().contribute_to_class(cls, name, private_only=private_only)
+
+    def deconstruct(self) -> Any:
+        name, _path, args, kwargs = super().deconstruct()
+        return name, "django.db.models.GeneratedField", args, kwargs
+
+    def clone(self) -> Any:
+        """A plain ``GeneratedField`` with the same column (what migrations record)."""
+        _name, _path, args, kwargs = self.deconstruct()
+        return models.GeneratedField(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class UniqueKey:
+    """A model's active key: the key field, its :class:`ActiveKeyField` and the unique
+    constraint over it, with the names a violation reports."""
+
+    model: type[models.Model]
+    key_field: str
+    field: str
+    column: str
+    constraint: str
+
+    @property
+    def table(self) -> str:
+        return str(self.model._meta.db_table)
+
+
+def active_key_fields(model: type[models.Model]) -> list[ActiveKeyField]:
+    """The :class:`ActiveKeyField` s of ``model``."""
+    return [f for f in model._meta.concrete_fields if isinstance(f, ActiveKeyField)]
+
+
+def unique_constraint_on(model: type[models.Model], field: str) -> str | None:
+    """The name of an unconditional ``UniqueConstraint`` over exactly ``field``, or
+    ``None`` (a constraint with a condition is skipped on MariaDB / MySQL)."""
+    for constraint in model._meta.constraints:
+        if (
+            isinstance(constraint, models.UniqueConstraint)
+            and tuple(constraint.fields) == (field,)
+            and constraint.condition is None
+            and not constraint.expressions
+            and constraint.deferrable is None
+        ):
+            return str(constraint.name)
+    return None
+
+
+def unique_key(model: type[models.Model], key_field: str | None = None) -> UniqueKey:
+    """The :class:`UniqueKey` of ``model`` for ``key_field`` (may be left out when the
+    model has one active key). Raises :class:`ConfigurationError` with the fix."""
+    label = model._meta.label
+    found = active_key_fields(model)
+    if key_field is not None:
+        found = [f for f in found if f.key_field == key_field]
+    if not found:
+        what = f"for {key_field!r} " if key_field is not None else ""
+        raise ConfigurationError(
+            f"{label} has no ActiveKeyField {what}to enqueue uniquely by; add "
+            "ActiveKeyField('<key field>') and a UniqueConstraint on it (docs/unique.md)"
+        )
+    if len(found) > 1:
+        names = ", ".join(sorted(f.key_field for f in found))
+        raise ConfigurationError(f"{label} has several active keys ({names}): pass key_field=")
+    field = found[0]
+    constraint = unique_constraint_on(model, field.name)
+    if constraint is None:
+        raise ConfigurationError(
+            f"{label}.{field.name} has no UniqueConstraint(fields=[{field.name!r}]) without "
+            "a condition: nothing would stop a duplicate (system check taskclaim.E030)"
+        )
+    return UniqueKey(model, field.key_field, field.name, str(field.column), constraint)
+
+
+def is_unique_violation(exc: BaseException, key: UniqueKey, using: str) -> bool:
+    """Whether ``exc`` is a violation of ``key``'s unique constraint and of nothing else
+    (the vendor's error codes, in :mod:`django_taskclaim.backends`)."""
+    if not isinstance(exc, IntegrityError):
+        return False
+    return for_alias(using).is_unique_violation(
+        exc.__cause__ or exc, table=key.table, constraint=key.constraint, columns=[key.column]
+    )
+
+
+def insert_unique[M: models.Model](
+    build: Callable[[], M], *, using: str, key_field: str | None = None
+) -> tuple[M, bool]:
+    """Insert the row ``build()`` returns unless an active row has the same key; return
+    ``(row, created)``.
+
+    Guarantees: the INSERT itself decides (the unique constraint over the
+    :class:`ActiveKeyField`), so however many connections race on one key, exactly one
+    active row holds it and every caller gets that row. ``created`` is ``False`` when
+    another active row held the key: that row is returned, nothing is written. Any other
+    ``IntegrityError`` (another constraint, a NOT NULL column) is raised unchanged.
+    Inside the caller's ``transaction.atomic()`` the insert runs in a savepoint: it
+    commits or rolls back with the caller, and a refused insert leaves the caller's
+    transaction usable (outside one it is a single autocommit INSERT). If the holder
+    leaves the active states between the refused insert and the read, the insert is
+    tried again, up to :data:`INSERT_ATTEMPTS` times, then :class:`UniqueKeyRaceError`.
+    A row with a ``NULL`` key is refused (``ValueError``).
+    """
+    first = build()
+    model = type(first)
+    key = unique_key(model, key_field)
+    value = getattr(first, key.key_field)
+    if value is None:
+        raise ValueError(
+            f"enqueue_unique() on {model._meta.label} needs a value for {key.key_field!r}: "
+            "a row without a key is never a duplicate"
+        )
+    base = model._base_manager.using(using)
+    row: M | None = first
+    for attempt in range(1, INSERT_ATTEMPTS + 1):
+        new = row if row is not None else build()
+        row = None
+
+        def insert(new: M = new) -> None:
+            if not transaction.get_connection(using).in_atomic_block:
+                new.save(using=using, force_insert=True)  # autocommit: one round trip
+                return
+            with transaction.atomic(using=using):  # a savepoint in the caller's block
+                new.save(using=using, force_insert=True)
+
+        try:
+            retry_transient(insert, using, what=f"enqueue {model._meta.label} uniquely")
+        except IntegrityError as exc:
+            if not is_unique_violation(exc, key, using):
+                raise
+        else:
+            return new, True
+        holder = base.filter(**{key.field: value}).first()
+        if holder is not None:
+            return holder, False
+        logger.debug(
+            "unique key released before read model=%s key=%r attempt=%s",
+            model._meta.label,
+            value,
+            attempt,
+        )
+    raise UniqueKeyRaceError(
+        f"enqueue_unique() on {model._meta.label}: the row holding {key.key_field}={value!r} "
+        f"was refused {INSERT_ATTEMPTS} times but could not be read (it kept finishing, or "
+        "this transaction's isolation level hides it: use READ COMMITTED)"
+    )
+
+
+# -- system check ---------------------------------------------------------------------
+
+
+def check_model(model: type[models.Model]) -> list[checks.CheckMessage]:
+    """The E030 / E031 findings for one model (see :func:`check_unique_keys`)."""
+    from .options import get_options
+
+    errors: list[checks.CheckMessage] = []
+    for field in active_key_fields(model):
+        where = f"{model._meta.label}.{field.name}"
+        if unique_constraint_on(model, field.name) is None:
+            errors.append(
+                checks.Error(
+                    f"{where} is an ActiveKeyField without a unique constraint: duplicate "
+                    "active rows would not be refused.",
+                    hint=f"Add models.UniqueConstraint(fields=[{field.name!r}], name=...) to "
+                    f"{model.__name__}.Meta.constraints (no condition), then makemigrations.",
+                    obj=model,
+                    id="taskclaim.E030",
+                )
+            )
+        try:
+            opts = get_options(model)
+        except ConfigurationError:
+            continue  # taskclaim.E002 reports it
+        expected = [opts.value(s) for s in ACTIVE_STATES]
+        problems = []
+        if field.status_field != opts.status_field:
+            problems.append(
+                f"it reads status field {field.status_field!r}, the model's is "
+                f"{opts.status_field!r}"
+            )
+        elif list(field.active_values) != expected:
+            problems.append(
+                f"it treats {field.active_values!r} as active, the model's ready and "
+                f"processing values are {expected!r}"
+            )
+        names = {f.name for f in model._meta.concrete_fields}
+        if field.key_field not in names:
+            problems.append(f"the model has no field {field.key_field!r}")
+        for problem in problems:
+            errors.append(
+                checks.Error(
+                    f"{where} does not match the model: {problem}.",
+                    hint="Let ActiveKeyField read ClaimMeta (drop status_field= / "
+                    "active_values=) or fix them, then makemigrations.",
+                    obj=model,
+                    id="taskclaim.E031",
+                )
+            )
+    return errors
+
+
+def _models(app_configs: Iterable[Any] | None) -> Iterable[type[models.Model]]:
+    if app_configs is None:
+        return apps.get_models()
+    return (m for config in app_configs for m in config.get_models())
+
+
+@checks.register(CHECK_TAG)
+def check_unique_keys(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E030: an :class:`ActiveKeyField` has no unconditional unique constraint; E031: its
+    status field or active values differ from the model's claim options, or its key field
+    is missing. Registered when this module is imported (by every model that uses it)."""
+    errors: list[checks.CheckMessage] = []
+    for model in _models(app_configs):
+        if not model._meta.abstract and not model._meta.proxy:
+            errors.extend(check_model(model))
+    return errors
