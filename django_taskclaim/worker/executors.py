@@ -1,6 +1,12 @@
 """Executor threads: each takes a claimed row from the ledger, runs its body and settles
 the outcome (:func:`~django_taskclaim.lifecycle.settle`); nothing else.
 
+An ``async def`` body runs on the process's event loop (:mod:`.aio`) while its
+executor waits, so it shares the executors' slots; its outcome is settled here as a
+sync body's is. A body learns that its claim was taken back through its cancellation
+flag (``task.cancel_requested()``, or the ``cancel`` argument: :mod:`.bodies`), and an
+async body through ``CancelledError``; whatever it then does is fenced out.
+
 Executors never die silently: a body's ``BaseException`` is that task's failure
 (:class:`~django_taskclaim.lifecycle.TaskAborted`); an executor that crashes for any
 other reason is logged and replaced by :meth:`Executors.replace_crashed`; after
@@ -10,16 +16,23 @@ worker stops with :data:`~.exits.EXIT_BROKEN` so that its supervisor restarts it
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import threading
 import time
+from typing import Any
 
 from django.db import DatabaseError, connections
 
-from ..lifecycle import Attempt, Outcome, attempt, settle
+from ..exceptions import ClaimLost, Retry
+from ..lifecycle import Attempt, Outcome, TaskAborted, attempt, cancel_flag, settle
+from ..options import get_options
 from ..strategies import was_recovered
 from ..types import Claimable, model_of
 from .acks import Acks
+from .aio import EventLoop
+from .bodies import Body
 from .config import WorkerConfig
 from .dbconn import backoff, close, connection_trouble, one_line
 from .exits import CRASH_WINDOW, MAX_CRASHES
@@ -48,6 +61,9 @@ class Executors:
         self.halt = halt
         self.wake_main = wake_main
         self.threads: list[threading.Thread] = []
+        self.loop = EventLoop(worker_id=worker_id)
+        self._bodies: dict[type, Body] = {}
+        self._grace_over = False  # async bodies cancelled at the end of the grace period
         self._finished: set[str] = set()  # ended normally (not crashed)
         self._crashes: list[float] = []  # monotonic times of crashes
 
@@ -132,7 +148,8 @@ class Executors:
                 if self.halt.is_set():
                     break
             self.acks.flush()
-        handler = self.config.handlers[model_of(task)]
+        flag = cancel_flag(task)  # before the body: the heartbeat may set it any time
+        handler = self._handler(task, flag)
         started = time.monotonic()
         logger.debug(
             "task started task=%s:%s attempt=%s worker=%s",
@@ -141,9 +158,20 @@ class Executors:
             task.attempts,
             self.worker_id,
         )
-        done = attempt(task, handler, catch_base_exceptions=True)
+        if flag.is_set():  # taken back between claim and start: never started
+            done = Attempt(error=ClaimLost(f"{label} pk={task.pk}: claim lost before start"))
+        else:
+            done = attempt(task, handler, catch_base_exceptions=True)
+        if self._grace_over and _cancelled(done):
+            # Cancelled at the end of the grace period: requeued at once, as a sync
+            # body still running then is (this attempt counts).
+            reason = f"worker {self.worker_id} stopped after its grace period"
+            done = Attempt(error=Retry(delay=0, reason=reason))
         self.ledger.finishing(threading.current_thread().name)
-        defer = self.acks.defer if self.acks.enabled else None
+        lost = flag.is_set() or self.ledger.is_lost(task)
+        # A lost claim's outcome is written (fenced: it affects nothing) at once, never
+        # deferred, so that it is reported now.
+        defer = self.acks.defer if self.acks.enabled and not lost else None
         try:
             outcome = settle(task, done, defer=defer)
         except DatabaseError as exc:
@@ -180,6 +208,44 @@ class Executors:
             )
         return outcome
 
+    def _handler(self, task: Claimable, flag: threading.Event) -> Any:
+        """The callable :func:`~django_taskclaim.lifecycle.attempt` runs for ``task``."""
+        model = model_of(task)
+        body = self._bodies.get(model)
+        if body is None:
+            body = self._bodies[model] = Body.of(self.config.handlers[model])
+        kwargs = body.kwargs(flag)
+        if body.is_async and not get_options(model).atomic:
+            return lambda t: self.loop.run(body.handler, t, kwargs)
+        if kwargs:  # a partial: an atomic async body is still seen as a coroutine function
+            return functools.partial(body.handler, **kwargs)
+        return body.handler
+
+    def claim_lost(self, task: Claimable) -> None:
+        """The heartbeat found the claim of running ``task`` taken back: set its flag,
+        and raise ``CancelledError`` into its body if that runs on the event loop."""
+        cancel_flag(task).set()
+        if self.loop.cancel(task):
+            logger.info(
+                "async body cancelled: claim lost task=%s:%s worker=%s",
+                type(task)._meta.label,
+                task.pk,
+                self.worker_id,
+            )
+
+    def cancel_async(self, *, wait: float) -> None:
+        """The grace period is over: raise ``CancelledError`` into every async body and
+        give them up to ``wait`` seconds to end (each executor requeues its row)."""
+        self._grace_over = True
+        cancelled = self.loop.cancel_all()
+        if cancelled:
+            logger.info(
+                "grace period over: async bodies cancelled=%s worker=%s",
+                len(cancelled),
+                self.worker_id,
+            )
+            self.ledger.wait_settled(cancelled, wait)
+
     def _settle_again(self, task: Claimable, done: Attempt, exc: BaseException) -> Outcome:
         """The outcome write hit a database error: once the connection is back, make
         the same fenced write again (``done`` is known; a write that had landed is then
@@ -212,3 +278,9 @@ class Executors:
                 return settle(task, done)
             except DatabaseError as again:
                 exc = again
+
+
+def _cancelled(done: Attempt) -> bool:
+    """Whether the body ended with ``asyncio.CancelledError``."""
+    error = done.error
+    return isinstance(error, TaskAborted) and isinstance(error.__cause__, asyncio.CancelledError)

@@ -4,10 +4,12 @@ Every ``interval`` (``TASKCLAIM_HEARTBEAT_INTERVAL``, or a third of the lease; a
 under half of it) it extends, in one fenced statement per model, the leases of the
 ledger's rows: claimed, running (except ``ClaimMeta.atomic`` bodies, whose row lock is
 held by their own transaction) and run-but-unacknowledged. A row whose extension fails
-was taken back: it is marked lost, never started if it had not been, and its holder's
-later writes are fenced out by the token anyway. In between, it writes buffered
-completions as their ``ack_window`` runs out and refreshes the registry. The thread
-never dies: an error is logged and the next beat comes sooner.
+was taken back (cancelled, released, reaped and re-claimed): it is marked lost, never
+started if it had not been; if it is running, its cancellation flag is set
+(``task.cancel_requested()``) and ``on_lost`` is called (an async body gets
+``CancelledError``). Its holder's later writes are fenced out by the token anyway. In
+between, it writes buffered completions as their ``ack_window`` runs out and refreshes
+the registry. The thread never dies: an error is logged and the next beat comes sooner.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from django.db import DatabaseError
 from django.db.models import Model
 
+from ..lifecycle import cancel_flag
 from ..options import get_options
 from ..querysets import ClaimQuerySet
 from .acks import Acks
@@ -43,8 +46,10 @@ class Heartbeat(threading.Thread):
         using: str,
         worker_id: str,
         halt: threading.Event,
+        on_lost: Callable[[Any], None] | None = None,
     ) -> None:
         super().__init__(name="taskclaim-heartbeat", daemon=True)
+        self.on_lost = on_lost
         self.ledger = ledger
         self.acks = acks
         self.registry = registry
@@ -121,6 +126,10 @@ class Heartbeat(threading.Thread):
             if opts.state_of(getattr(task, opts.status_field)) != "processing":
                 continue  # settled since the snapshot
             where = self.ledger.mark_lost(task, version)
+            if where is not None:
+                cancel_flag(task).set()
+            if where == "running" and self.on_lost is not None:
+                self.on_lost(task)
             label = type(task)._meta.label
             if where == "claimed":
                 logger.warning(

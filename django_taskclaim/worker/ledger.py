@@ -118,9 +118,12 @@ class Ledger:
 
     def wait_until_idle(self, timeout: float) -> bool:
         """Block until nothing is claimed or running (or ``timeout``); return whether so."""
+        return self._wait_while(lambda: bool(self._claimed or self._running), timeout)
+
+    def _wait_while(self, busy: Callable[[], bool], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         with self._changed:
-            while self._claimed or self._running:
+            while busy():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -259,6 +262,11 @@ class Ledger:
                 self._forget(task)
             self._changed.notify_all()
             return tasks
+
+    def wait_settled(self, tasks: list[Any], timeout: float) -> bool:
+        """Block until none of ``tasks`` is running (or ``timeout``); return whether so."""
+        ids = {id(t) for t in tasks}
+        return self._wait_while(lambda: any(id(t) in ids for t in self._running.values()), timeout)
 
     def running(self) -> list[Any]:
         with self._lock:

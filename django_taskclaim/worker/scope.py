@@ -4,11 +4,13 @@ resolves to and whether the worker can be woken by ``LISTEN``."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from django.db import connections
 from django.db.models import Min, Model
 
-from ..backends import for_alias
+from ..backends import for_alias, for_connection
 from ..conf import taskclaim_settings
 from ..monitoring import db_now
 from ..options import get_options
@@ -31,6 +33,22 @@ class Scope:
         if self.config.queue is not None:
             qs = qs.filter(queue_name=self.config.queue)
         return qs
+
+    def describe(self, worker_id: str, lease: float) -> str:
+        """The worker's startup line: what runs where (never credentials)."""
+        conn = connections[self.using]
+        strategies = ",".join(f"{label}={self.strategy(m)}" for m, label in self.labels.items())
+        c = self.config
+        return (
+            f"taskclaim worker id={worker_id} pid={os.getpid()} "
+            f"models={','.join(self.labels.values())} strategy={strategies} "
+            f"concurrency={c.concurrency} batch={c.batch} "
+            f"lease={lease:g}s database={self.using} vendor={for_connection(conn).vendor} "
+            f"wakeup={'listen+poll' if self.use_listen() else 'poll'} poll={c.poll:g}s "
+            f"ack-window={c.ack_window:g}s reap={'on' if c.reap else 'off'}"
+            + (" burst" if c.burst else "")
+            + (f" queue={c.queue}" if c.queue else "")
+        )
 
     def leftover(self) -> str:
         """One line for the end of a ``--burst`` run: what is left, by state, and when the
