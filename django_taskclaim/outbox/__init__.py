@@ -1,0 +1,52 @@
+"""The transactional outbox: messages written with the change they announce, relayed
+to a broker at least once, in order per key.
+
+- :class:`OutboxMessage` — the abstract model of a message (claimable).
+- :func:`publish` — write one, inside the caller's ``transaction.atomic()``.
+- :class:`Relay` — claims, publishes and completes (fenced) the committed rows,
+  partitioned by key hash, one relay per partition at a time.
+- Publishers: :class:`RabbitMQPublisher` (``pika``), :class:`NatsPublisher`
+  (``nats-py``), :class:`KafkaPublisher` (untested), behind :class:`Publisher`.
+
+See ``docs/outbox.md``.
+"""
+
+from __future__ import annotations
+
+from .models import KEY_HASH_SPACE, OutboxMessage, key_hash, partition_range
+from .publishers import (
+    KEY_HEADER,
+    PUBLISHERS,
+    KafkaPublisher,
+    MessagesRejected,
+    NatsPublisher,
+    Publisher,
+    PublishError,
+    RabbitMQPublisher,
+    make_publisher,
+)
+from .relay import MAX_PARTITIONS, Relay, rounds
+from .write import default_outbox_model, outbox_model, outbox_models, publish
+
+__all__ = [
+    "KEY_HASH_SPACE",
+    "KEY_HEADER",
+    "MAX_PARTITIONS",
+    "PUBLISHERS",
+    "KafkaPublisher",
+    "MessagesRejected",
+    "NatsPublisher",
+    "OutboxMessage",
+    "PublishError",
+    "Publisher",
+    "RabbitMQPublisher",
+    "Relay",
+    "default_outbox_model",
+    "key_hash",
+    "make_publisher",
+    "outbox_model",
+    "outbox_models",
+    "partition_range",
+    "publish",
+    "rounds",
+]

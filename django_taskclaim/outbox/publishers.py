@@ -1,0 +1,353 @@
+"""Publishers: the brokers a relay publishes to, behind one small protocol.
+
+A publisher's :meth:`Publisher.publish_batch` returns only after the broker confirmed
+every message it was given; it raises :class:`PublishError` when it cannot say that
+(the relay retries the batch with backoff) and :class:`MessagesRejected` for messages
+the broker refused for good (the others of the batch were confirmed). The relay never
+gives one batch two messages with the same ordering key, so a publisher may pipeline a
+batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from ..exceptions import TaskClaimError
+
+logger = logging.getLogger("django_taskclaim.outbox")
+
+#: Header carrying the ordering key, on every broker.
+KEY_HEADER = "Outbox-Key"
+
+
+class PublishError(TaskClaimError):
+    """The broker did not confirm the batch (unreachable, timed out, refused for now):
+    retry it."""
+
+
+class MessagesRejected(PublishError):
+    """The broker refused some messages for good; ``rejected`` maps each one's
+    idempotency key to the broker's reason. Every other message of the batch was
+    confirmed."""
+
+    def __init__(self, rejected: Mapping[str, str]) -> None:
+        self.rejected = dict(rejected)
+        super().__init__(f"{len(self.rejected)} message(s) rejected by the broker")
+
+
+@runtime_checkable
+class Publisher(Protocol):
+    """What a relay needs from a broker client."""
+
+    def connect(self) -> None:
+        """Connect now (the relay calls it at startup); :class:`PublishError` if the
+        broker cannot be reached."""
+
+    def publish_batch(self, messages: Sequence[Any]) -> None:
+        """Publish ``messages`` (outbox rows) and return once the broker confirmed all of
+        them; raise :class:`PublishError` or :class:`MessagesRejected` otherwise."""
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+
+
+def body_of(message: Any) -> bytes:
+    """The message body: its payload as compact UTF-8 JSON."""
+    return json.dumps(message.payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def headers_of(message: Any) -> dict[str, str]:
+    """The message's headers plus the ordering key (:data:`KEY_HEADER`)."""
+    return {**{str(k): str(v) for k, v in (message.headers or {}).items()}, KEY_HEADER: message.key}
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class RabbitMQPublisher:
+    """Publishes to RabbitMQ with ``pika``: publisher confirms, persistent messages
+    (``delivery_mode=2``), the idempotency key as ``message_id``, ``mandatory`` so an
+    unroutable message is reported instead of dropped.
+
+    ``url`` is an AMQP URL (``amqp://guest:guest@127.0.0.1:5672/%2F``); messages go to
+    ``exchange`` (default: the default exchange, where the topic names the queue) with
+    the topic as routing key. A message no queue is bound for (returned unroutable) or
+    that the broker refuses as malformed is rejected for good; a negative
+    acknowledgement, a lost connection or a timeout is retried.
+    """
+
+    def __init__(self, url: str, *, exchange: str = "", timeout: float = 10.0) -> None:
+        import pika  # the "outbox" extra
+
+        self._pika = pika
+        self.params = pika.URLParameters(url)
+        self.params.socket_timeout = timeout
+        self.params.blocked_connection_timeout = timeout
+        self.params.connection_attempts = 1
+        self.exchange = exchange
+        self._connection: Any = None
+        self._channel: Any = None
+
+    def connect(self) -> None:
+        """Open the connection and a confirming channel, unless open."""
+        if self._channel is not None and self._channel.is_open:
+            try:
+                # Services heartbeats missed while idle; a connection the broker dropped
+                # meanwhile shows up here and is replaced before anything is published.
+                self._connection.process_data_events(0)
+                return
+            except Exception:
+                pass
+        self.close()
+        try:
+            self._connection = self._pika.BlockingConnection(self.params)
+            self._channel = self._connection.channel()
+            self._channel.confirm_delivery()
+        except Exception as exc:  # pika raises many unrelated classes for "no broker"
+            self.close()
+            raise PublishError(f"cannot reach RabbitMQ: {_reason(exc)}") from exc
+
+    def publish_batch(self, messages: Sequence[Any]) -> None:
+        """Publish each message and wait for its confirm (in order, one channel)."""
+        exceptions = self._pika.exceptions
+        self.connect()
+        rejected: dict[str, str] = {}
+        for message in messages:
+            props = self._pika.BasicProperties(
+                delivery_mode=2,
+                content_type="application/json",
+                message_id=message.idempotency_key,
+                headers=headers_of(message),
+            )
+            try:
+                self._channel.basic_publish(
+                    self.exchange, message.topic, body_of(message), props, mandatory=True
+                )
+            except exceptions.UnroutableError:
+                rejected[message.idempotency_key] = (
+                    f"unroutable: no queue is bound to routing key {message.topic!r} "
+                    f"on exchange {self.exchange!r}"
+                )
+            except exceptions.NackError as exc:
+                raise PublishError(f"RabbitMQ refused the message for now: {_reason(exc)}")
+            except Exception as exc:
+                self.close()
+                raise PublishError(f"RabbitMQ publish failed: {_reason(exc)}") from exc
+        if rejected:
+            raise MessagesRejected(rejected)
+
+    def close(self) -> None:
+        """Close the connection; never raises."""
+        connection, self._connection, self._channel = self._connection, None, None
+        if connection is not None:
+            try:
+                if connection.is_open:
+                    connection.close()
+            except Exception:
+                pass
+
+
+class NatsPublisher:
+    """Publishes to NATS JetStream with ``nats-py``, waiting for each message's
+    JetStream acknowledgement; the idempotency key is sent as ``Nats-Msg-Id``, so the
+    stream drops a duplicate published within its duplicate window (two minutes by
+    default) and the consumer sees it once.
+
+    ``url`` is a NATS URL (``nats://127.0.0.1:4222``); the topic is the subject, which a
+    stream must capture. A message over the server's payload limit, or one the stream
+    refuses with a client error, is rejected for good; a lost connection, a timeout or
+    no stream answering (503) is retried.
+    """
+
+    def __init__(self, url: str, *, timeout: float = 10.0) -> None:
+        import nats  # the "outbox" extra
+
+        self._nats = nats
+        self.url = url
+        self.timeout = timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._nc: Any = None
+        self._js: Any = None
+        self._last_error: BaseException | None = None
+
+    def _run(self, coro: Any) -> Any:
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(coro)
+
+    def connect(self) -> None:
+        """Connect (no background reconnects: a lost connection is re-opened by the next
+        batch), unless connected."""
+        if self._nc is not None and self._nc.is_connected:
+            return
+        self._disconnect()
+        self._last_error = None
+        try:
+            # nats-py keeps trying a server that refuses the first connection: bound it.
+            self._nc = self._run(
+                asyncio.wait_for(
+                    self._nats.connect(
+                        self.url,
+                        allow_reconnect=False,
+                        connect_timeout=self.timeout,
+                        max_reconnect_attempts=0,
+                        error_cb=self._note_error,
+                    ),
+                    self.timeout,
+                )
+            )
+            self._js = self._nc.jetstream(timeout=self.timeout)
+        except Exception as exc:
+            self._nc = None
+            cause = self._last_error or exc
+            raise PublishError(f"cannot reach NATS: {_reason(cause)}") from exc
+
+    async def _note_error(self, exc: Exception) -> None:
+        self._last_error = exc
+        logger.debug("nats error=%s", exc)
+
+    def publish_batch(self, messages: Sequence[Any]) -> None:
+        """Publish the batch pipelined on one connection; wait for every ack."""
+        from nats import errors as nats_errors
+        from nats.js import errors as js_errors
+
+        self.connect()
+
+        async def one(message: Any) -> Any:
+            headers = {**headers_of(message), "Nats-Msg-Id": message.idempotency_key}
+            return await self._js.publish(
+                message.topic, body_of(message), timeout=self.timeout, headers=headers
+            )
+
+        async def all_of() -> list[Any]:
+            return list(await asyncio.gather(*(one(m) for m in messages), return_exceptions=True))
+
+        results = self._run(all_of())
+        rejected: dict[str, str] = {}
+        retry: BaseException | None = None
+        for message, result in zip(messages, results, strict=True):
+            if not isinstance(result, BaseException):
+                continue
+            permanent = isinstance(
+                result, nats_errors.MaxPayloadError | nats_errors.BadSubjectError
+            ) or (
+                isinstance(result, js_errors.APIError)
+                and not isinstance(result, js_errors.ServiceUnavailableError)
+                and isinstance(result.code, int)
+                and 400 <= result.code < 500
+            )
+            if permanent:
+                rejected[message.idempotency_key] = _reason(result)
+            elif retry is None:
+                retry = result
+        if retry is not None:
+            if not isinstance(retry, js_errors.NoStreamResponseError):
+                self._disconnect()
+            raise PublishError(f"NATS publish failed: {_reason(retry)}") from retry
+        if rejected:
+            raise MessagesRejected(rejected)
+
+    def _disconnect(self) -> None:
+        nc, self._nc, self._js = self._nc, None, None
+        if nc is not None:
+            try:
+                self._run(nc.close())
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        """Close the connection and its event loop; never raises."""
+        self._disconnect()
+        loop, self._loop = self._loop, None
+        if loop is not None and not loop.is_closed():
+            loop.close()
+
+
+class KafkaPublisher:
+    """Publishes to Kafka with ``confluent-kafka`` (idempotent producer, ``acks=all``;
+    the idempotency key as the ``Idempotency-Key`` header, the ordering key as the
+    Kafka key so one key stays in one partition). **Untested**: no Kafka broker runs in
+    the test suite. It follows the same protocol as the others."""
+
+    def __init__(self, url: str, *, timeout: float = 10.0) -> None:
+        import confluent_kafka  # not part of the "outbox" extra
+
+        self._kafka = confluent_kafka
+        self.timeout = timeout
+        self._producer = confluent_kafka.Producer(
+            {"bootstrap.servers": url, "enable.idempotence": True, "acks": "all"}
+        )
+
+    def connect(self) -> None:
+        """Ask the cluster for its metadata; :class:`PublishError` if it does not answer."""
+        try:
+            self._producer.list_topics(timeout=self.timeout)
+        except Exception as exc:
+            raise PublishError(f"cannot reach Kafka: {_reason(exc)}") from exc
+
+    def publish_batch(self, messages: Sequence[Any]) -> None:
+        """Produce the batch and flush; every delivery report must be a success."""
+        failures: dict[str, Any] = {}
+
+        def report(message: Any) -> Any:
+            def done(err: Any, _msg: Any) -> None:
+                if err is not None:
+                    failures[message.idempotency_key] = err
+
+            return done
+
+        for message in messages:
+            headers = {**headers_of(message), "Idempotency-Key": message.idempotency_key}
+            self._producer.produce(
+                message.topic,
+                value=body_of(message),
+                key=message.key.encode(),
+                headers=list(headers.items()),
+                on_delivery=report(message),
+            )
+        if self._producer.flush(self.timeout) > 0:
+            raise PublishError("Kafka did not confirm every message in time")
+        retriable = {k: e for k, e in failures.items() if e.retriable()}
+        if retriable:
+            raise PublishError(f"Kafka refused {len(retriable)} message(s) for now")
+        if failures:
+            raise MessagesRejected({k: str(e) for k, e in failures.items()})
+
+    def close(self) -> None:
+        """Flush what is left (bounded by the timeout)."""
+        self._producer.flush(self.timeout)
+
+
+PUBLISHERS: dict[str, type] = {
+    "rabbitmq": RabbitMQPublisher,
+    "nats": NatsPublisher,
+    "kafka": KafkaPublisher,
+}
+
+
+def make_publisher(name: str, url: str, **options: Any) -> Publisher:
+    """The publisher called ``name`` (``rabbitmq``, ``nats``, ``kafka``) for ``url``.
+
+    Raises ``ValueError`` for an unknown name and ``ImportError`` (naming the package to
+    install) when its client library is missing."""
+    try:
+        cls = PUBLISHERS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown publisher {name!r}; choose one of {', '.join(PUBLISHERS)}"
+        ) from None
+    try:
+        publisher: Publisher = cls(url, **options)
+    except ImportError as exc:
+        package = {"rabbitmq": "pika", "nats": "nats-py", "kafka": "confluent-kafka"}[name]
+        raise ImportError(
+            f"the {name} publisher needs {package}: pip install {package} "
+            "(or django-taskclaim[outbox])"
+        ) from exc
+    return publisher

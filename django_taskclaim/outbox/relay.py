@@ -1,0 +1,381 @@
+"""The relay: claims outbox rows per partition, publishes them, completes them fenced.
+
+Ordering keys are hashed into ``partitions`` ranges; each partition is held by one
+relay at a time through a :class:`~django_taskclaim.locks.LeaseLock`
+(``taskclaim.outbox:<model>:<partitions>:<p>``). The holder claims the partition's
+ready rows in ``id`` order, publishes them in rounds of at most one message per key
+(a round starts only once the broker confirmed the previous one), and marks the
+confirmed rows ``done`` with one fenced UPDATE (:func:`~django_taskclaim.completion.complete_many`).
+A relay that takes a partition over first releases the rows its previous holder left
+``processing`` (bumping their claim tokens): that holder's completions then match
+nothing (FENCED), and the new holder re-publishes them in order (at least once).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import DatabaseError, close_old_connections, router
+from django.db.models import Min
+
+from .. import bounds
+from ..completion import complete_many
+from ..db import default_worker_id
+from ..exceptions import ClaimLost
+from ..lifecycle import fail, release
+from ..locks import LeaseLock
+from .models import OutboxMessage, partition_range
+from .publishers import MessagesRejected, Publisher, PublishError
+from .write import outbox_model
+
+logger = logging.getLogger("django_taskclaim.outbox")
+
+#: Most partitions a relay layout may have.
+MAX_PARTITIONS = 4096
+
+
+def rounds(messages: Sequence[Any]) -> list[list[Any]]:
+    """Split messages (in ``id`` order) into rounds with at most one message per key,
+    keeping each key's messages in order: round ``i`` holds each key's ``i``-th message."""
+    seen: dict[str, int] = {}
+    out: list[list[Any]] = []
+    for message in messages:
+        i = seen.get(message.key, 0)
+        seen[message.key] = i + 1
+        if i == len(out):
+            out.append([])
+        out[i].append(message)
+    return out
+
+
+class Relay:
+    """Publishes the committed rows of an outbox model, at least once, in order per key.
+
+    Guarantees: every ``ready`` row is eventually published and marked ``done`` (or
+    ``failed`` with the broker's reason when it rejects the message for good) as long as
+    some relay runs and the broker comes back; a key's messages are published in ``id``
+    order and a later one is never sent before an earlier one was confirmed; a relay
+    that lost its partition's lease (or whose claim was taken back) marks nothing
+    published. A message may be published more than once (a relay that dies between the
+    broker's confirm and its completion); every copy carries the same idempotency key.
+
+    All relays of one model must use the same ``partitions``. ``max_partitions`` caps
+    how many this relay holds (default all), so several relays share the partitions;
+    the others stand by and take a partition over when its lease ends. ``lease`` is both
+    the partition lease and the claimed rows' lease, in seconds.
+    """
+
+    def __init__(
+        self,
+        model: type[OutboxMessage],
+        publisher: Publisher,
+        *,
+        partitions: int = 1,
+        max_partitions: int | None = None,
+        batch: int = 100,
+        lease: float = 30.0,
+        poll: float = 0.5,
+        backoff: float = 0.5,
+        backoff_max: float = 30.0,
+        using: str | None = None,
+        owner: str | None = None,
+    ) -> None:
+        self.model = outbox_model(model)
+        self.publisher = publisher
+        self.partitions = bounds.number(
+            partitions, "partitions", bounds.Bound(1, MAX_PARTITIONS, whole=True), error=ValueError
+        )
+        self.max_partitions = bounds.number(
+            self.partitions if max_partitions is None else max_partitions,
+            "max_partitions",
+            bounds.Bound(1, self.partitions, whole=True),
+            error=ValueError,
+        )
+        self.batch = bounds.number(batch, "batch", bounds.CLAIM_SIZE, error=ValueError)
+        self.lease = float(
+            bounds.number(lease, "lease", bounds.Bound(1.0, 3600.0), error=ValueError)
+        )
+        self.poll = float(bounds.number(poll, "poll", bounds.Bound(0.01, 60.0), error=ValueError))
+        self.backoff = float(
+            bounds.number(backoff, "backoff", bounds.Bound(0.01, 60.0), error=ValueError)
+        )
+        self.backoff_max = float(
+            bounds.number(
+                backoff_max, "backoff_max", bounds.Bound(self.backoff, 3600.0), error=ValueError
+            )
+        )
+        self.using = using or router.db_for_write(self.model)
+        self.owner = owner or f"{default_worker_id()}:relay:{uuid.uuid4().hex[:8]}"
+        self.locks: dict[int, LeaseLock] = {}
+        self._stop = threading.Event()
+        self._renewed: dict[int, float] = {}
+        self._next_acquire = 0.0
+        #: Messages published and completed by this relay.
+        self.published = 0
+
+    # -- control --------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask the relay to stop: it ends the batch in hand (a batch waiting for the
+        broker gives its unconfirmed rows back), releases its partitions and returns."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return self._stop.is_set()
+
+    def lock_key(self, partition: int) -> str:
+        """The lease-lock key of ``partition``."""
+        return f"taskclaim.outbox:{self.model._meta.label_lower}:{self.partitions}:{partition}"
+
+    def run(self, *, burst: bool = False, on_idle: Callable[[], None] | None = None) -> int:
+        """Relay until :meth:`stop` (or, with ``burst``, until a pass over the partitions it
+        could take found nothing to publish). Returns the number of messages published."""
+        try:
+            while not self.stopping:
+                try:
+                    self._hold_partitions()
+                    moved = sum(self._drain(p) for p in sorted(self.locks))
+                except DatabaseError as exc:
+                    # A batch may be left half-done (claimed, maybe published, not
+                    # completed). Give the partitions up: whoever takes one next (this
+                    # relay too) first releases its processing rows, so the key's order
+                    # restarts at its oldest unpublished row.
+                    logger.warning("relay database error=%s; retrying", exc)
+                    close_old_connections()
+                    for partition in list(self.locks):
+                        self._drop(partition, release=True)
+                    self._next_acquire = 0.0
+                    self._wait(self.poll)
+                    continue
+                if moved:
+                    continue
+                if burst:
+                    break
+                if on_idle is not None:
+                    on_idle()
+                self._wait(self.poll)
+        finally:
+            for partition in list(self.locks):
+                self._drop(partition, release=True)
+            self.publisher.close()
+        return self.published
+
+    # -- partitions -----------------------------------------------------------------
+    def _hold_partitions(self) -> None:
+        """Renew the held partitions that are due, drop the lost ones, and try to take
+        free ones up to ``max_partitions``."""
+        now = time.monotonic()
+        for partition, lock in list(self.locks.items()):
+            if not lock.held:
+                self._drop(partition, release=False)
+            elif now - self._renewed.get(partition, 0.0) >= self.lease / 3:
+                if lock.renew():
+                    self._renewed[partition] = now
+                else:
+                    self._drop(partition, release=False)
+        if len(self.locks) >= self.max_partitions or now < self._next_acquire:
+            return
+        # Free partitions are tried every lease / 3 (a dead holder's lease ends after
+        # ``lease``), not on every pass: that would be one statement per partition per poll.
+        self._next_acquire = now + self.lease / 3
+        free = [p for p in range(self.partitions) if p not in self.locks]
+        random.shuffle(free)
+        for partition in free:
+            if len(self.locks) >= self.max_partitions:
+                break
+            lock = LeaseLock(
+                self.lock_key(partition), self.lease, owner=self.owner, using=self.using
+            )
+            if lock.acquire():
+                self.locks[partition] = lock
+                self._renewed[partition] = time.monotonic()
+                taken = self._scope(partition).processing().release()
+                logger.info(
+                    "relay partition acquired model=%s partition=%s/%s token=%s released=%s",
+                    self.model._meta.label,
+                    partition,
+                    self.partitions,
+                    lock.token,
+                    taken,
+                )
+
+    def _drop(self, partition: int, *, release: bool) -> None:
+        lock = self.locks.pop(partition)
+        self._renewed.pop(partition, None)
+        if release:
+            lock.release()
+        else:
+            logger.warning(
+                "relay partition lost model=%s partition=%s/%s",
+                self.model._meta.label,
+                partition,
+                self.partitions,
+            )
+
+    def _scope(self, partition: int) -> Any:
+        low, high = partition_range(partition, self.partitions)
+        return self.model._default_manager.using(self.using).filter(
+            key_hash__gte=low, key_hash__lt=high
+        )
+
+    def _keep_alive(self, partition: int, rows: Sequence[Any]) -> bool:
+        """Renew the partition's lease and the rows' leases if due; ``False`` when lost."""
+        lock = self.locks.get(partition)
+        if lock is None or not lock.held:
+            return False
+        now = time.monotonic()
+        if now - self._renewed.get(partition, 0.0) < self.lease / 3:
+            return True
+        if not lock.renew():
+            return False
+        self._renewed[partition] = now
+        lost = self.model._default_manager.using(self.using).extend_leases(list(rows), self.lease)
+        return not lost
+
+    def _wait(self, seconds: float, partition: int | None = None, rows: Sequence[Any] = ()) -> bool:
+        """Wait ``seconds`` (or until stopped), keeping the partition alive; ``False`` if
+        it was lost or the relay is stopping."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self._stop.wait(min(left, max(0.05, self.lease / 6))):
+                return False
+            if partition is not None and not self._keep_alive(partition, rows):
+                return False
+        return not self.stopping
+
+    # -- one batch ------------------------------------------------------------------
+    def _drain(self, partition: int) -> int:
+        """Claim, publish and complete one batch of ``partition``; the number published."""
+        lock = self.locks.get(partition)
+        if lock is None or not lock.held or self.stopping:
+            return 0
+        rows = self._scope(partition).claim(self.batch, lease=self.lease, worker=self.owner)
+        if not rows:
+            return 0
+        rows.sort(key=lambda r: r.pk)
+        rows, held_back = self._in_key_order(partition, rows)
+        if held_back:
+            self._give_back(held_back)
+        if not rows:
+            return len(held_back)
+        confirmed: list[Any] = []
+        unsent: list[Any] = []
+        all_rounds = rounds(rows)
+        live = list(rows)
+        for i, batch in enumerate(all_rounds):
+            if not self._publish_round(partition, batch, live, confirmed):
+                unsent = [m for r in all_rounds[i:] for m in r]
+                break
+        lost = complete_many(confirmed) if confirmed else []
+        if unsent and lock.held:
+            self._give_back(unsent)
+        done = len(confirmed) - len(lost)
+        self.published += done
+        logger.debug(
+            "relay batch model=%s partition=%s claimed=%s published=%s lost=%s",
+            self.model._meta.label,
+            partition,
+            len(rows),
+            done,
+            len(lost),
+        )
+        return len(rows)
+
+    def _in_key_order(self, partition: int, rows: list[Any]) -> tuple[list[Any], list[Any]]:
+        """Split claimed rows into those that may go now and those to give back: a row
+        waits while an earlier row of its key is still unpublished and not in this batch.
+
+        One holder per partition claims in ``id`` order, but a claim may still pass over
+        a row: ``SKIP LOCKED`` skips rows another transaction has locked (on InnoDB a
+        locking read keeps locks on rows it only scanned, so another partition's claim
+        can hide one of ours for a moment). This check makes the order not depend on it.
+        """
+        claimed = [r.pk for r in rows]
+        earliest = dict(
+            self._scope(partition)
+            .filter(key__in={r.key for r in rows}, pk__lt=max(claimed))
+            .exclude(pk__in=claimed)
+            .in_state("ready", "processing")
+            .order_by()
+            .values("key")
+            .annotate(first=Min("pk"))
+            .values_list("key", "first")
+        )
+        if not earliest:
+            return rows, []
+        go = [r for r in rows if r.key not in earliest or r.pk < earliest[r.key]]
+        wait = [r for r in rows if not (r.key not in earliest or r.pk < earliest[r.key])]
+        logger.debug(
+            "relay held back model=%s partition=%s rows=%s: earlier rows of their keys "
+            "are not in the batch",
+            self.model._meta.label,
+            partition,
+            len(wait),
+        )
+        return go, wait
+
+    def _publish_round(
+        self, partition: int, batch: list[Any], rows: list[Any], confirmed: list[Any]
+    ) -> bool:
+        """Publish one round, retrying with backoff until the broker confirms it;
+        ``False`` when the partition was lost or the relay is stopping (nothing of the
+        round is counted confirmed then)."""
+        delay = self.backoff
+        while True:
+            lock = self.locks.get(partition)
+            if lock is None or not lock.held:
+                return False
+            try:
+                self.publisher.publish_batch(batch)
+            except MessagesRejected as exc:
+                for message in batch:
+                    reason = exc.rejected.get(message.idempotency_key)
+                    if reason is None:
+                        confirmed.append(message)
+                        continue
+                    logger.warning(
+                        "relay message rejected model=%s pk=%s reason=%s",
+                        self.model._meta.label,
+                        message.pk,
+                        reason,
+                    )
+                    try:
+                        fail(message, f"rejected by the broker: {reason}")
+                    except ClaimLost:
+                        pass
+                    rows.remove(message)  # settled: no lease to keep alive
+                return True
+            except PublishError as exc:
+                logger.warning(
+                    "relay publish failed model=%s partition=%s messages=%s error=%s; "
+                    "retrying in %.2fs",
+                    self.model._meta.label,
+                    partition,
+                    len(batch),
+                    exc,
+                    delay,
+                )
+                if not self._wait(delay, partition, rows):
+                    return False
+                delay = min(self.backoff_max, delay * 2) * random.uniform(0.8, 1.0)
+                continue
+            confirmed.extend(batch)
+            return self._keep_alive(partition, rows)
+
+    def _give_back(self, rows: Sequence[Any]) -> None:
+        """Release rows claimed but not published (fenced; the attempt is not counted)."""
+        for row in rows:
+            try:
+                release(row)
+            except ClaimLost:
+                continue
+            except DatabaseError as exc:
+                logger.warning("relay release failed pk=%s error=%s", row.pk, exc)
+                return
