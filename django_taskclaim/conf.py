@@ -35,6 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "REAP_INTERVAL": 30.0,  # seconds between periodic reaps inside workers
     # Worker
     "POLL_INTERVAL": 1.0,  # seconds between polls when no notification arrives
+    "WORKER_DATABASES": None,  # aliases one worker fleet drains; None = each model's router alias
     "ACK_WINDOW": 0.05,  # seconds a worker may hold completions to write them in one batch
     "HEARTBEAT_INTERVAL": None,  # seconds; None = a third of the lease
     "WORKER_SILENT_AFTER": 60.0,  # shown as silent after this long; display only, never death

@@ -10,8 +10,11 @@ for the diagram and the life of a task through them):
 - :mod:`.claimer` — the one thread that claims, sized by the executors' demand;
 - :mod:`.executors` — threads that run bodies and settle outcomes
   (:func:`~django_taskclaim.lifecycle.settle`), replaced if they crash;
+- :mod:`.bodies` — how a body is called (``async def``, a ``cancel`` parameter);
+- :mod:`.aio` — the one event loop of the process, for ``async def`` bodies;
 - :mod:`.acks` — completions written together in one fenced UPDATE;
-- :mod:`.heartbeat` — lease extension of every held row, due acks, the registry;
+- :mod:`.heartbeat` — lease extension of every held row (a lost one's body is told:
+  ``task.cancel_requested()``), due acks, the registry;
 - :mod:`.registry` — the :class:`~django_taskclaim.models.WorkerProcess` row (display only);
 - :mod:`.reaping` — periodic recovery of expired leases;
 - :mod:`.scope` — the rows served (``--queue``), what is left of them, the wake-up mode;

@@ -7,8 +7,10 @@
 
 Shutdown: the first SIGTERM/SIGINT stops claiming and starting, releases the claimed
 but unstarted rows at once (attempt not counted) and lets running tasks finish within
-``grace`` seconds (then they are requeued, :data:`~.exits.EXIT_GRACE_EXPIRED`); the
-second signal exits at once (:data:`~.exits.EXIT_FORCED`; leases recover the rest).
+``grace`` seconds; then async bodies get ``CancelledError`` and up to
+:data:`CANCEL_WAIT` seconds to end, and every row still running is requeued
+(:data:`~.exits.EXIT_GRACE_EXPIRED`); the second signal exits at once
+(:data:`~.exits.EXIT_FORCED`; leases recover the rest).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from typing import Any
 from django.db import connections
 from django.db.models import Model
 
-from ..backends import for_connection
 from ..db import default_worker_id
 from ..notify import Listener
 from ..strategies import was_recovered
@@ -44,6 +45,10 @@ from .scheduler import Scheduler
 from .scope import Scope
 
 logger = logging.getLogger("django_taskclaim.worker")
+
+#: Seconds async bodies cancelled at the end of the grace period get to end (their
+#: ``finally`` blocks, their requeue) before the rows still running are requeued.
+CANCEL_WAIT = 2.0
 
 
 class Worker:
@@ -111,21 +116,7 @@ class Worker:
 
     def describe(self) -> str:
         """The startup line: what runs where (never credentials)."""
-        conn = connections[self.using]
-        strategies = ",".join(
-            f"{label}={self.scope.strategy(m)}" for m, label in self.scope.labels.items()
-        )
-        c = self.config
-        return (
-            f"taskclaim worker id={self.worker_id} pid={os.getpid()} "
-            f"models={','.join(self.scope.labels.values())} strategy={strategies} "
-            f"concurrency={c.concurrency} batch={c.batch} "
-            f"lease={self.lease:g}s database={self.using} vendor={for_connection(conn).vendor} "
-            f"wakeup={'listen+poll' if self.scope.use_listen() else 'poll'} poll={c.poll:g}s "
-            f"ack-window={c.ack_window:g}s reap={'on' if c.reap else 'off'}"
-            + (" burst" if c.burst else "")
-            + (f" queue={c.queue}" if c.queue else "")
-        )
+        return self.scope.describe(self.worker_id, self.lease)
 
     def request_stop(self, reason: str = "requested") -> None:
         """Begin a graceful stop: no new claims, unstarted rows released, grace starts."""
@@ -207,6 +198,7 @@ class Worker:
                         )
                 elif now >= grace_deadline:
                     code = EXIT_GRACE_EXPIRED
+                    self.executors.cancel_async(wait=CANCEL_WAIT)
                     self.acks.flush()
                     self.handback.requeue_running()
                     break
@@ -233,6 +225,7 @@ class Worker:
                 t.join(timeout=5)
             if self._listener is not None:
                 self._listener.join(timeout=3)
+        self.executors.loop.stop()
         self.registry.deregister()
         logger.info(
             "worker stopped worker=%s processed=%s exit=%s",
@@ -257,6 +250,7 @@ class Worker:
                 using=self.using,
                 worker_id=self.worker_id,
                 halt=self._halt,
+                on_lost=self.executors.claim_lost,
             )
         )
         if self.config.reap:

@@ -24,7 +24,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -180,23 +180,37 @@ class Supervisor:
                 signal.signal(sig, handler)
 
 
-def supervise(config: WorkerConfig, processes: int, announce: Callable[[str], None]) -> int:
-    """Run ``processes`` supervised :class:`~.process.Worker` children of ``config``;
-    return the supervisor's exit code. Child ``i`` is named ``<worker_id>-i`` (or gets
-    the default id of its pid). ``announce`` gets each child's startup line.
+def supervise(
+    configs: WorkerConfig | Sequence[WorkerConfig],
+    processes: int,
+    announce: Callable[[str], None],
+) -> int:
+    """Run ``processes`` supervised :class:`~.process.Worker` children of each
+    configuration in ``configs`` (one per database the fleet drains, see
+    :mod:`.fleet`); return the supervisor's exit code. Child ``i`` is named
+    ``<worker_id>-i`` (or gets the default id of its pid). ``announce`` gets each
+    child's startup line.
 
     Each child the supervisor sees exit (``waitpid``: proof of death) has the rows it
-    still held released at once (:func:`~django_taskclaim.reaper.release_worker`,
-    fenced on holder, status and token) before a replacement starts."""
+    still held released at once on its own database
+    (:func:`~django_taskclaim.reaper.release_worker`, fenced on holder, status and
+    token) before a replacement starts."""
+    plans = [configs] if isinstance(configs, WorkerConfig) else list(configs)
+    total = processes * len(plans)
+
+    def config_of(index: int) -> WorkerConfig:
+        return plans[index // processes]
 
     def child_id(index: int) -> str | None:
-        return f"{config.worker_id}-{index}" if config.worker_id else None
+        worker_id = config_of(index).worker_id
+        return f"{worker_id}-{index}" if worker_id else None
 
     def child(index: int) -> int:
-        worker = Worker(replace(config, worker_id=child_id(index)))
-        return worker.run(lambda: announce(worker.describe() + f" process={index + 1}/{processes}"))
+        worker = Worker(replace(config_of(index), worker_id=child_id(index)))
+        return worker.run(lambda: announce(worker.describe() + f" process={index + 1}/{total}"))
 
     def exited(index: int, pid: int, code: int) -> None:
+        config = config_of(index)
         worker_id = child_id(index) or default_worker_id(pid)
         result = release_worker(
             worker_id,
@@ -213,5 +227,6 @@ def supervise(config: WorkerConfig, processes: int, announce: Callable[[str], No
                 result.failed,
             )
 
-    announce(f"taskclaim supervisor pid={os.getpid()} processes={processes}")
-    return Supervisor(child, processes, on_exit=exited).run()
+    databases = ",".join(c.using for c in plans)
+    announce(f"taskclaim supervisor pid={os.getpid()} processes={total} databases={databases}")
+    return Supervisor(child, total, on_exit=exited).run()

@@ -12,7 +12,8 @@ from django.db import DatabaseError
 from django_taskclaim.checks import TAG
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.management.verbosity import configure_logging
-from django_taskclaim.worker import EXIT_GRACE_EXPIRED, EXIT_OK, Worker, WorkerConfig
+from django_taskclaim.worker import EXIT_GRACE_EXPIRED, EXIT_OK, Worker
+from django_taskclaim.worker.fleet import plan
 from django_taskclaim.worker.supervisor import supervise
 
 
@@ -70,7 +71,13 @@ class Command(BaseCommand):
         parser.add_argument("--max-tasks", default=None, help="exit after this many tasks")
         parser.add_argument("--max-runtime", default=None, help="exit after this many seconds")
         parser.add_argument("--worker-id", default=None, help="name recorded in locked_by")
-        parser.add_argument("--database", default=None, help="database alias (default 'default')")
+        parser.add_argument(
+            "--database",
+            action="append",
+            default=None,
+            help="database alias to drain; repeat for one fleet over several databases "
+            "(default: TASKCLAIM_WORKER_DATABASES, else each model's router alias)",
+        )
         parser.add_argument("--no-reap", action="store_true", help="do not reap periodically")
         parser.add_argument("--queue", default=None, help="only rows whose queue_name is NAME")
         parser.add_argument(
@@ -84,9 +91,9 @@ class Command(BaseCommand):
         self.check(tags=[TAG])  # settings, claim options, poolers: SystemCheckError if wrong
         supervised = options["processes"] is not None
         try:
-            config = WorkerConfig.build(
+            configs = plan(
                 options["models"],
-                using=options["database"],
+                options["database"],
                 concurrency=options["concurrency"],
                 processes=options["processes"] or 1,
                 batch=options["batch"],
@@ -105,8 +112,9 @@ class Command(BaseCommand):
             )
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from None
-        if supervised:
-            code = supervise(config, config.processes, self._say)
+        config = configs[0]
+        if supervised or len(configs) > 1:
+            code = supervise(configs, config.processes, self._say)
         else:
             worker = Worker(config)
             code = worker.run(lambda: self._say(worker.describe()))
