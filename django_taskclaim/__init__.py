@@ -62,10 +62,15 @@ _LAZY = {
     "SKIPPED": "django_taskclaim.locks",
     "LockLost": "django_taskclaim.locks",
     "LockUsageError": "django_taskclaim.locks",
+    # unique enqueue
+    "ActiveKeyField": "django_taskclaim.unique",
+    "insert_unique": "django_taskclaim.unique",
+    "UniqueKeyRaceError": "django_taskclaim.unique",
 }
 
 __all__ = [
     "SKIPPED",
+    "ActiveKeyField",
     "ClaimFieldsMixin",
     "ClaimInTransactionError",
     "ClaimLost",
@@ -91,6 +96,7 @@ __all__ = [
     "StrategyNotSupportedError",
     "TaskClaimError",
     "TimestampFieldsMixin",
+    "UniqueKeyRaceError",
     "Worker",
     "WorkerConfig",
     "__version__",
@@ -100,6 +106,7 @@ __all__ = [
     "claimable_models",
     "complete_many",
     "get_options",
+    "insert_unique",
     "lease_lock",
     "notify",
     "reap",

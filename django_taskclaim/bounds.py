@@ -85,6 +85,8 @@ LOCK_TTL = Bound(0.05, MAX_LEASE)
 #: (``taskclaim_prune --batch-size``).
 CLAIM_SIZE = Bound(1, 100_000, whole=True)
 BATCH_SIZE = Bound(1, 100_000, whole=True)
+#: ``ClaimMeta.concurrency_limit``: rows ``processing`` at once per key value.
+CONCURRENCY_LIMIT = Bound(1, 1000, whole=True)
 #: ``Retry(delay=…)`` and ``retry(delay=…)``: from now to a year ahead.
 RETRY_DELAY = Bound(0.0, 365 * DAY)
 

@@ -14,6 +14,10 @@
 - E006 ``TASKCLAIM_HEARTBEAT_INTERVAL`` cannot keep some model's lease alive (it is not
   under half that lease)
 - E007 a removed setting is still set (``TASKCLAIM_WORKER_DEAD_AFTER``)
+- E030 / E031 unique enqueue: an ``ActiveKeyField`` without an unconditional unique
+  constraint, or out of step with ``ClaimMeta`` — see :mod:`django_taskclaim.unique`
+- E032 / E033 per-key concurrency: a ``concurrency_key`` no constraint enforces, or a
+  partial constraint on MariaDB/MySQL — see :mod:`django_taskclaim.concurrency`
 """
 
 from __future__ import annotations
@@ -92,7 +96,7 @@ def _check_numbers() -> list[checks.CheckMessage]:
     return errors
 
 
-def _check_heartbeat(model: Any, lease: float) -> checks.CheckMessage | None:
+def heartbeat_problem(model: Any, lease: float) -> checks.CheckMessage | None:
     beat = taskclaim_settings.HEARTBEAT_INTERVAL
     if beat is None or isinstance(beat, bool) or not isinstance(beat, int | float):
         return None
@@ -109,7 +113,7 @@ def _check_heartbeat(model: Any, lease: float) -> checks.CheckMessage | None:
     return None
 
 
-def _claim_index_present(model: Any, status_field: str) -> bool:
+def claim_index_present(model: Any, status_field: str) -> bool:
     for index in model._meta.indexes:
         names = [f.lstrip("-") for f in getattr(index, "fields", ())]
         cond = getattr(index, "condition", None)
@@ -136,7 +140,7 @@ def check_models(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
         except TaskClaimError as exc:
             errors.append(checks.Error(str(exc), obj=model, id="taskclaim.E002"))
             continue
-        beat = _check_heartbeat(model, lease)
+        beat = heartbeat_problem(model, lease)
         if beat is not None:
             errors.append(beat)
         alias = router.db_for_write(model)
@@ -152,7 +156,7 @@ def check_models(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                         id="taskclaim.E003",
                     )
                 )
-        if not _claim_index_present(model, opts.status_field):
+        if not claim_index_present(model, opts.status_field):
             errors.append(
                 checks.Warning(
                     f"No index serves the claim query of {opts.label}.",
@@ -167,7 +171,9 @@ def check_models(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
         except TaskClaimError as exc:
             errors.append(checks.Error(str(exc), obj=model, id="taskclaim.E002"))
             continue
-        if handler is None:
+        # A model drained by its own runner (the outbox relay) says so with
+        # ``taskclaim_runner``; workers leave it alone, as they do any handler-less model.
+        if handler is None and not getattr(model, "taskclaim_runner", None):
             errors.append(
                 checks.Warning(
                     f"{opts.label} has no processing entry point; workers cannot run it.",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -392,3 +393,47 @@ def run_task(
                 "method or set ClaimMeta.handler"
             )
     return settle(task, attempt(task, handler), defer=defer)
+
+
+# -- cancellation: the body learns that its claim was taken back --------------------------
+#: The attribute of a claimed instance that holds its cancellation flag.
+CANCEL_ATTR = "_taskclaim_cancel"
+
+
+def cancel_flag(task: Claimable) -> threading.Event:
+    """The ``threading.Event`` set once the claim of ``task`` is known to be lost
+    (cancelled, released by an operator, reaped and taken by another worker). The same
+    object for the life of the instance; created on first use."""
+    flag = task.__dict__.get(CANCEL_ATTR)
+    if flag is None:
+        flag = task.__dict__.setdefault(CANCEL_ATTR, threading.Event())
+    return flag
+
+
+def claim_held(task: Claimable) -> bool:
+    """Whether the claim of ``task`` is still current: its row is ``processing`` under
+    the token the instance carries. One ``SELECT``; writes nothing."""
+    opts = get_options(task)
+    return (
+        model_of(task)
+        ._base_manager.using(_db(task))
+        .filter(pk=task.pk, version=task.version)
+        .filter(opts.status_q("processing"))
+        .exists()
+    )
+
+
+def cancel_requested(task: Claimable, *, check: bool = False) -> bool:
+    """Whether the claim of ``task`` is known to be lost, so its body should stop.
+
+    In a worker the heartbeat sets the flag (:func:`cancel_flag`) when it finds the
+    claim taken back: no query here. With ``check=True`` the database is asked as
+    well (:func:`claim_held`, one ``SELECT``) and a lost claim sets the flag. Once
+    ``True``, it stays ``True``; every later fenced write of the instance is refused."""
+    flag = cancel_flag(task)
+    if flag.is_set():
+        return True
+    if check and not claim_held(task):
+        flag.set()
+        return True
+    return False

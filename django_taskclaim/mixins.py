@@ -187,6 +187,17 @@ class ClaimableMixin(models.Model):
         with lifecycle.fenced(self, using=using, complete=complete):
             yield
 
+    def cancel_requested(self, *, check: bool = False) -> bool:
+        """Whether this claim has been taken back (cancelled, released by an operator,
+        taken by another worker), so the running body should stop.
+
+        In a worker the heartbeat sets it within one heartbeat interval of the change;
+        asking costs nothing. ``check=True`` also asks the database (one ``SELECT``),
+        e.g. outside a worker. Once ``True`` it stays ``True``. Stopping is cooperative:
+        a body that goes on is not interrupted, but none of its fenced writes lands.
+        """
+        return lifecycle.cancel_requested(self, check=check)
+
     @property
     def claim_state(self) -> str | None:
         """The logical state of the row (``"ready"``, ``"processing"``, …)."""

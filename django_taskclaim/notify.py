@@ -158,7 +158,7 @@ class Listener(threading.Thread):
         self._halt.set()
 
     def _connect(self) -> Any:
-        import psycopg
+        import psycopg  # here: psycopg is needed on PostgreSQL only, not a dependency
 
         params = connections[self.using].get_connection_params()
         kwargs = {k: v for k, v in params.items() if k in _SAFE_PARAMS}

@@ -9,6 +9,8 @@ A claimable model may declare a nested ``ClaimMeta`` class::
             strategy = "skip_locked"
             ordering = ("-priority", "created_at", "pk")
             handler = "process"        # method name, dotted path or callable
+            concurrency_key = "customer_id"  # at most concurrency_limit processing per value
+            concurrency_limit = 1
 
 Anything not declared falls back to the ``TASKCLAIM_*`` setting of the same name, read
 at call time. :func:`get_options` resolves and validates them.
@@ -59,7 +61,17 @@ _LIVE = {
     "strategy": "STRATEGY",
     "notify": "NOTIFY",
 }
-_STATIC = ("ordering", "handler", "status_field", "statuses", "atomic")
+_STATIC = (
+    "ordering",
+    "handler",
+    "status_field",
+    "statuses",
+    "atomic",
+    "concurrency_key",
+    "concurrency_limit",
+)
+#: The field a model with ``concurrency_limit > 1`` keeps its slot number in.
+SLOT_FIELD = "concurrency_slot"
 _ALLOWED = set(_LIVE) | set(_STATIC)
 
 
@@ -73,6 +85,55 @@ class _Static:
     ordering: tuple[str, ...]
     handler: Any
     meta: Any
+    concurrency: Concurrency | None
+
+
+@dataclass(frozen=True)
+class Concurrency:
+    """A model's per-key concurrency (``ClaimMeta.concurrency_key`` / ``concurrency_limit``):
+    at most ``limit`` rows ``processing`` per value of the field ``key`` (column
+    ``column``); ``slot`` is the slot field's column, ``None`` when the model has none."""
+
+    key: str
+    column: str
+    limit: int
+    slot: str | None
+
+
+def _concurrency(model: type[models.Model], meta: Any, names: set[str]) -> Concurrency | None:
+    key = getattr(meta, "concurrency_key", None)
+    has_limit = meta is not None and hasattr(meta, "concurrency_limit")
+    if key is None:
+        if has_limit:
+            raise ConfigurationError(
+                f"{_label(model)}.ClaimMeta.concurrency_limit needs a concurrency_key"
+            )
+        return None
+    if not isinstance(key, str) or key not in names:
+        raise ConfigurationError(
+            f"{_label(model)}.ClaimMeta.concurrency_key must name a concrete field, got {key!r}"
+        )
+    field = cast(models.Field, model._meta.get_field(key))
+    if field.primary_key or key in REQUIRED_FIELDS + OPTIONAL_FIELDS or key == SLOT_FIELD:
+        raise ConfigurationError(
+            f"{_label(model)}.ClaimMeta.concurrency_key cannot be the claim field {key!r}"
+        )
+    if getattr(field, "generated", False):
+        raise ConfigurationError(
+            f"{_label(model)}.ClaimMeta.concurrency_key must be a stored field, "
+            f"not the generated field {key!r}"
+        )
+    limit = int(
+        bounds.number(
+            getattr(meta, "concurrency_limit", 1),
+            f"{_label(model)} ClaimMeta.concurrency_limit",
+            bounds.CONCURRENCY_LIMIT,
+        )
+    )
+    slot = None
+    if SLOT_FIELD in names:
+        slot = str(model._meta.get_field(SLOT_FIELD).column)  # type: ignore[union-attr]
+    return Concurrency(key=key, column=str(field.column), limit=limit, slot=slot)
 
 
 _cache: dict[type[models.Model], ClaimOptions] = {}
@@ -143,6 +204,7 @@ def _build_static(model: type[models.Model]) -> _Static:
         ordering=ordering,
         handler=getattr(meta, "handler", "process"),
         meta=meta,
+        concurrency=_concurrency(model, meta, names),
     )
 
 
@@ -185,6 +247,12 @@ class ClaimOptions:
     @property
     def ordering(self) -> tuple[str, ...]:
         return self._s.ordering
+
+    @property
+    def concurrency(self) -> Concurrency | None:
+        """The model's per-key concurrency, or ``None`` when it declares no
+        ``ClaimMeta.concurrency_key`` (claims are then unchanged)."""
+        return self._s.concurrency
 
     @cached_property
     def atomic(self) -> bool:
@@ -356,8 +424,11 @@ def is_claimable(model: type[models.Model]) -> bool:
 
 
 def claimable_models() -> Iterator[type[models.Model]]:
-    """Every installed, concrete, non-proxy model that can be claimed."""
+    """Every installed, concrete, non-proxy model that can be claimed, except those of
+    an app whose config sets ``taskclaim_discover = False`` (claimed only where named)."""
     for model in apps.get_models():
+        if not getattr(model._meta.app_config, "taskclaim_discover", True):
+            continue
         if not model._meta.abstract and not model._meta.proxy and is_claimable(model):
             yield model
 
@@ -375,3 +446,8 @@ def resolve_model(label: str) -> type[models.Model]:
         ) from None
     get_options(model)
     return model
+
+
+# Registers the concurrency-key system check (taskclaim.E032 / E033) with the options
+# every check and claim loads.
+from . import concurrency  # noqa: E402, F401

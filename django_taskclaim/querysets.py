@@ -224,6 +224,31 @@ class ClaimQuerySetMixin(_QuerySetBase):
         """Async twin of :meth:`claim_next`."""
         return await sync_to_async(self.claim_next)(**kwargs)
 
+    # -- unique enqueue ---------------------------------------------------------------
+    def enqueue_unique(self, *, key_field: str | None = None, **fields: Any) -> tuple[Any, bool]:
+        """Create a row from ``fields`` unless an active (``ready`` / ``processing``) row
+        has the same key; return ``(row, created)``, the existing row when not created.
+
+        The model needs an :class:`~django_taskclaim.unique.ActiveKeyField` on the key
+        field and a unique constraint on it; ``key_field`` names the key when the model
+        has several. The database's unique constraint decides, so concurrent callers
+        never create two active rows with one key; other integrity errors are raised.
+        Works inside and outside ``transaction.atomic()``. See
+        :func:`django_taskclaim.unique.insert_unique` and ``docs/unique.md``.
+        """
+        from .unique import insert_unique
+
+        model = self.model
+        self._for_write = True
+        using = self.db
+        return insert_unique(lambda: model(**fields), using=using, key_field=key_field)
+
+    async def aenqueue_unique(
+        self, *, key_field: str | None = None, **fields: Any
+    ) -> tuple[Any, bool]:
+        """Async twin of :meth:`enqueue_unique` (runs it in a thread)."""
+        return await sync_to_async(self.enqueue_unique)(key_field=key_field, **fields)
+
     # -- heartbeats -------------------------------------------------------------------
     def extend_leases(
         self, tasks: Sequence[Any], seconds: float | timedelta | None = None

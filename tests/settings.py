@@ -103,6 +103,10 @@ INSTALLED_APPS = [
     "django_taskclaim",
     "django_taskclaim.contrib.racelab",
     "tests.testapp",
+    "tests.uniqueapp",
+    "tests.keyedapp",
+    "tests.asyncapp",
+    "tests.outboxapp",
 ]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

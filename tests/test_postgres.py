@@ -27,9 +27,11 @@ def test_claim_plan_uses_partial_index_on_large_table():
         )
         cur.execute("ANALYZE testapp_document")
     from django_taskclaim.options import get_options
-    from django_taskclaim.strategies import _candidates, _compile
+    from django_taskclaim.strategies import candidates, compile_queryset
 
-    sql, params = _compile(_candidates(Document.objects.claimable(), get_options(Document), 10))
+    sql, params = compile_queryset(
+        candidates(Document.objects.claimable(), get_options(Document), 10)
+    )
     with connection.cursor() as cur:
         cur.execute(f"EXPLAIN {sql} FOR UPDATE SKIP LOCKED", params)
         plan = "\n".join(r[0] for r in cur.fetchall())

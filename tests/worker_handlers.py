@@ -111,3 +111,57 @@ def process_plain(task):
     _effect(task)
     _misbehave(task)
     return {"result": f"atomic {task.pk}"}
+
+
+# -- cooperative cancellation (tests/test_cancellation.py) --------------------------------
+NOTICED = "noticed:"
+
+
+def _noticed(task):
+    """Record, on the database clock, that the body saw its claim taken back."""
+    Ledger.objects.create(task_id=task.pk, token=task.version, worker=NOTICED + task.locked_by)
+
+
+def process_until_cancelled(task):
+    """Log the attempt, then work in short slices, asking ``task.cancel_requested()``
+    between them, until the claim is taken back (at most 60 s); log when it noticed.
+    ``{"quick": true}``: return at once."""
+    Ledger.objects.create(task_id=task.pk, token=task.version, worker=ATTEMPT + task.locked_by)
+    if (task.payload or {}).get("quick"):
+        return None
+    for _slice in range(3000):
+        if task.cancel_requested():
+            _noticed(task)
+            return None
+        simulate_work(0.02)
+    return None
+
+
+def process_until_cancel_event(task, cancel):
+    """As :func:`process_until_cancelled`, waiting on the ``cancel`` event it is handed."""
+    Ledger.objects.create(task_id=task.pk, token=task.version, worker=ATTEMPT + task.locked_by)
+    if (task.payload or {}).get("quick"):
+        return None
+    if cancel.wait(60):
+        _noticed(task)
+    return None
+
+
+async def process_async_until_cancelled(task):
+    """An async handler: log the attempt, then await (standing for I/O) until the claim
+    is taken back; ``CancelledError`` is logged as noticed, then re-raised."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    await Ledger.objects.acreate(
+        task_id=task.pk, token=task.version, worker=ATTEMPT + task.locked_by
+    )
+    if (task.payload or {}).get("quick"):
+        return {"result": "async handler"}
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        await sync_to_async(_noticed)(task)
+        raise
+    return None

@@ -139,6 +139,14 @@ class DatabaseSQL:
         session's lock timeout, as :meth:`set_lock_timeout` sets it)."""
         return False
 
+    def is_unique_violation(
+        self, error: BaseException, *, table: str, constraint: str, columns: Sequence[str]
+    ) -> bool:
+        """Whether the driver's ``error`` is a violation of the unique constraint named
+        ``constraint`` on ``table`` over ``columns`` (unquoted names), and of no other
+        constraint. A vendor that cannot tell says ``False``: the caller then re-raises."""
+        return False
+
     # ------------------------------------------------------------------------- clock
 
     #: The database clock of claims, row leases, schedules and timestamps: fixed for one
@@ -174,6 +182,9 @@ class DatabaseSQL:
     claims_in_one_statement: ClassVar[bool] = False
     #: Whether :meth:`complete_many_sql` (one UPDATE from per-row arrays) exists.
     completes_from_arrays: ClassVar[bool] = False
+    #: Whether a unique constraint with a condition (a partial unique index) is enforced
+    #: here; MySQL / MariaDB have no partial indexes and skip such a constraint.
+    partial_unique_constraints: ClassVar[bool] = False
 
     def claim(
         self,
@@ -190,6 +201,31 @@ class DatabaseSQL:
         lease until the clock + ``lease`` seconds, held by ``worker``, re-checking that
         each is still ``ready``. Returns every column of :attr:`ClaimColumns.returning`,
         then whether the row was recovered (its previous ``locked_until`` was set)."""
+        raise NotImplementedError(f"{self.vendor} claims in a transaction, not one statement")
+
+    def claim_keyed(
+        self,
+        c: ClaimColumns,
+        candidates: Statement,
+        *,
+        key: str,
+        slot: str | None,
+        limit: int,
+        descending: Sequence[bool],
+        processing: Any,
+        ready: Any,
+        lease: float,
+        worker: str,
+    ) -> Statement:
+        """:meth:`claim` for a model with a concurrency key: the ``candidates`` SELECT
+        returns ``pk``, previous ``locked_until``, the key, how many claimable rows of
+        the key come before the row (``NULL``: not compared), then one column per claim
+        order item (``descending[i]``: that item sorts descending). Of each key value it
+        claims the first rows in claim order, none after a row ahead that it does not
+        have, as many as the key has free slots: a slot
+        number ``0 … limit-1`` no ``processing`` row of that key holds, written to the
+        (quoted) ``slot`` column; without one (``limit`` 1) one row per key. Rows whose key
+        is ``NULL`` are not limited. Returns what :meth:`claim` returns."""
         raise NotImplementedError(f"{self.vendor} claims in a transaction, not one statement")
 
     def returning_all_sql(self, update_sql: str) -> str:

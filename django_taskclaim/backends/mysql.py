@@ -12,6 +12,8 @@ from .base import AdvisoryKind, DatabaseSQL, LeaseTable, Statement
 
 #: Error codes worth a retry: ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT.
 TRANSIENT_ERRORS = frozenset({1213, 1205})
+#: ER_DUP_ENTRY: an INSERT or UPDATE met an equal value in a unique key.
+ER_DUP_ENTRY = 1062
 #: ``GET_LOCK`` waits forever with a negative timeout on MySQL but fails on MariaDB: "no
 #: limit" is a year.
 GET_LOCK_FOREVER = 365 * 24 * 3600
@@ -60,6 +62,17 @@ class MySQL(DatabaseSQL):
         """Deadlocks and lock wait timeouts (:data:`TRANSIENT_ERRORS`)."""
         args: tuple[Any, ...] = getattr(error, "args", ())
         return bool(args) and args[0] in TRANSIENT_ERRORS
+
+    def is_unique_violation(
+        self, error: BaseException, *, table: str, constraint: str, columns: Sequence[str]
+    ) -> bool:
+        """``ER_DUP_ENTRY`` (1062) whose message names the key ``constraint`` (MariaDB:
+        ``… for key 'name'``; MySQL 8: ``… for key 'table.name'``)."""
+        args: tuple[Any, ...] = getattr(error, "args", ())
+        if len(args) < 2 or args[0] != ER_DUP_ENTRY:
+            return False
+        message = str(args[1])
+        return message.endswith((f"'{constraint}'", f"'{table}.{constraint}'"))
 
     # --------------------------------------------------------------------- lease locks
 

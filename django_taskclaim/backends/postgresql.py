@@ -12,6 +12,8 @@ from .base import AdvisoryKind, ClaimColumns, DatabaseSQL, LeaseTable, Statement
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})
 #: SQLSTATE lock_not_available: a statement's wait ended by ``lock_timeout``.
 LOCK_NOT_AVAILABLE = "55P03"
+#: SQLSTATE unique_violation.
+UNIQUE_VIOLATION = "23505"
 
 
 def sqlstate(error: BaseException) -> str | None:
@@ -48,6 +50,16 @@ class PostgreSQL(DatabaseSQL):
         """``lock_not_available`` (:data:`LOCK_NOT_AVAILABLE`)."""
         return sqlstate(error) == LOCK_NOT_AVAILABLE
 
+    def is_unique_violation(
+        self, error: BaseException, *, table: str, constraint: str, columns: Sequence[str]
+    ) -> bool:
+        """SQLSTATE ``unique_violation`` whose diagnostics name ``constraint`` (not the
+        message text, which follows ``lc_messages``)."""
+        if sqlstate(error) != UNIQUE_VIOLATION:
+            return False
+        diag = getattr(error, "diag", None)
+        return getattr(diag, "constraint_name", None) == constraint
+
     # ------------------------------------------------------------------------- clock
 
     clock_sql: ClassVar[str] = "STATEMENT_TIMESTAMP()"
@@ -61,6 +73,7 @@ class PostgreSQL(DatabaseSQL):
     pk_tie_break_is_free = False
     claims_in_one_statement = True
     completes_from_arrays = True
+    partial_unique_constraints = True
     #: Run first in the transaction of the ``serializable`` strategy.
     serializable_sql: ClassVar[str] = "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"
 
@@ -101,6 +114,89 @@ class PostgreSQL(DatabaseSQL):
             f"UPDATE {c.table} SET {', '.join(sets)} FROM {cte} "
             f'WHERE {c.table}.{c.pk} = {cte}."pk" AND {c.table}.{c.status} = %s '
             f'RETURNING {c.returning}, {cte}."prev" IS NOT NULL'
+        )
+        return Statement(sql, tuple(params))
+
+    def claim_keyed(
+        self,
+        c: ClaimColumns,
+        candidates: Statement,
+        *,
+        key: str,
+        slot: str | None,
+        limit: int,
+        descending: Sequence[bool],
+        processing: Any,
+        ready: Any,
+        lease: float,
+        worker: str,
+    ) -> Statement:
+        """As :meth:`claim`, with the per-key choice in the same statement: the locked
+        candidates (materialized once) are numbered per key in claim order (``pk`` last);
+        a row is kept only while every claimable row of its key ahead of it is among them
+        (its ``ahead`` count equals its number less one), so rows another claim holds
+        locked are never overtaken; the free slots of each key are numbered from
+        ``generate_series``, and the n-th row of a key takes its n-th free slot; a row
+        without one stays ``ready``. Two
+        claimers that pick the same slot meet the unique constraint: the later one's
+        statement fails whole, and is run again by the caller."""
+        cte, ranked, free, picked = (
+            '"taskclaim_c"',
+            '"taskclaim_r"',
+            '"taskclaim_f"',
+            '"taskclaim_p"',
+        )
+        order = ", ".join(
+            f'"o{i}" {"DESC" if desc else "ASC"} NULLS LAST' for i, desc in enumerate(descending)
+        )
+        names = ", ".join(
+            ['"pk"', '"prev"', '"key"', '"ahead"', *(f'"o{i}"' for i in range(len(descending)))]
+        )
+        params: list[Any] = [*candidates.params]
+        parts = [
+            f"{cte}({names}) AS MATERIALIZED ({candidates.sql})",
+            f'{ranked} AS (SELECT * FROM (SELECT "pk", "prev", "key", "ahead", row_number() '
+            f'OVER (PARTITION BY "key" ORDER BY {order + ", " if order else ""}"pk") AS "rn" '
+            f'FROM {cte}) x WHERE "key" IS NULL OR "ahead" IS NULL OR "ahead" = "rn" - 1)',
+        ]
+        if slot is None:
+            parts.append(
+                f'{picked} AS (SELECT "pk", "prev", 0 AS "slot" FROM {ranked} '
+                f'WHERE "rn" <= 1 OR "key" IS NULL)'
+            )
+        else:
+            parts.append(
+                f'{free} AS (SELECT k."key", s."slot", row_number() OVER '
+                f'(PARTITION BY k."key" ORDER BY s."slot") AS "fn" '
+                f'FROM (SELECT DISTINCT "key" FROM {cte} WHERE "key" IS NOT NULL) k '
+                f'CROSS JOIN generate_series(0, CAST(%s AS integer)) AS s("slot") '
+                f'WHERE NOT EXISTS (SELECT 1 FROM {c.table} h WHERE h.{key} = k."key" '
+                f'AND h.{c.status} = %s AND h.{slot} = s."slot"))'
+            )
+            params += [limit - 1, processing]
+            parts.append(
+                f'{picked} AS (SELECT r."pk", r."prev", COALESCE(f."slot", 0) AS "slot" '
+                f'FROM {ranked} r LEFT JOIN {free} f ON f."key" = r."key" AND f."fn" = r."rn" '
+                f'WHERE r."key" IS NULL OR f."slot" IS NOT NULL)'
+            )
+        sets = [
+            f"{c.status} = %s",
+            f"{c.version} = {c.table}.{c.version} + 1",
+            f"{c.attempts} = {c.table}.{c.attempts} + 1",
+            f"{c.locked_until} = {self.clock_sql} + %s * INTERVAL '1 second'",
+        ]
+        params += [processing, lease]
+        if c.locked_by is not None:
+            sets.append(f"{c.locked_by} = %s")
+            params.append(worker)
+        if slot is not None:
+            sets.append(f'{slot} = {picked}."slot"')
+        params.append(ready)
+        sql = (
+            f"WITH {', '.join(parts)} "
+            f"UPDATE {c.table} SET {', '.join(sets)} FROM {picked} "
+            f'WHERE {c.table}.{c.pk} = {picked}."pk" AND {c.table}.{c.status} = %s '
+            f'RETURNING {c.returning}, {picked}."prev" IS NOT NULL'
         )
         return Statement(sql, tuple(params))
 

@@ -22,6 +22,7 @@ class SQLite(DatabaseSQL):
     clock_known = True
     claim_strategies: ClassVar[frozenset[str]] = frozenset({"cas"})
     one_writer_at_a_time = True
+    partial_unique_constraints = True
 
     def private_to_one_connection(self, settings_dict: Any) -> bool:
         """An in-memory database (``:memory:``, ``mode=memory`` or no name)."""
@@ -32,6 +33,25 @@ class SQLite(DatabaseSQL):
         """``database is locked`` / ``database table is locked`` (a busy database)."""
         text = str(error).lower()
         return "database is locked" in text or "database table is locked" in text
+
+    def is_unique_violation(
+        self, error: BaseException, *, table: str, constraint: str, columns: Sequence[str]
+    ) -> bool:
+        """``SQLITE_CONSTRAINT_UNIQUE`` naming exactly ``table.column`` for each of
+        ``columns`` (SQLite names a constraint's columns, not the constraint; an index
+        on expressions is named ``index 'name'``)."""
+        if getattr(error, "sqlite_errorname", "SQLITE_CONSTRAINT_UNIQUE") != (
+            "SQLITE_CONSTRAINT_UNIQUE"
+        ):
+            return False
+        text = str(error)
+        prefix = "UNIQUE constraint failed: "
+        if not text.startswith(prefix):
+            return False
+        named = text[len(prefix) :].strip()
+        if named == f"index '{constraint}'":
+            return True
+        return [part.strip() for part in named.split(",")] == [f"{table}.{c}" for c in columns]
 
     # --------------------------------------------------------------------- lease locks
 

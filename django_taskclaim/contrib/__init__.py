@@ -4,5 +4,6 @@ adds it to ``INSTALLED_APPS``.
 - ``django_taskclaim.contrib.tasks`` — the Django 6 Tasks backend (its own label and
   migrations);
 - ``django_taskclaim.contrib.racelab`` — the race lab and ``manage.py taskclaim_racelab``
-  (scratch tables it creates and drops itself: no migrations).
+  (its tables come from its migration; its claimable model is not one of the project's
+  queues).
 """
