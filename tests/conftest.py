@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 
 import pytest
 from django.conf import settings
@@ -44,3 +45,17 @@ def vendor() -> str:
 
 def pytest_configure(config):
     os.environ.setdefault("TASKCLAIM_TESTING", "1")
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_lease_renewers():
+    """A test must not leave a lease renewer running: it would renew into the next test's
+    database and fail there, far from its cause. One left behind is stopped and reported
+    here, on the test that started it."""
+    yield
+    from django_taskclaim.locks.renewer import Renewer
+
+    leaked = [t for t in threading.enumerate() if isinstance(t, Renewer) and t.is_alive()]
+    for renewer in leaked:
+        renewer.stop(timeout=5)
+    assert not leaked, f"lease renewer threads left running: {[t.name for t in leaked]}"
