@@ -378,9 +378,9 @@ def test_racing_claimers_never_share_a_key(strategy):
 #: Rows, keys and worker processes of the ledger tests, per database. SQLite runs one
 #: writer at a time and MariaDB's claims take a transaction of several statements on
 #: two shared cores: fewer rows there, same shape.
-LEDGER_ROWS = {"postgresql": 5000, "mysql": 2000, "sqlite": 1000}
+LEDGER_ROWS = {"postgresql": 2000, "mysql": 1000, "sqlite": 600}
 KEYS = 50
-PROCESSES = 8
+PROCESSES = 6
 
 
 @pytest.fixture
@@ -399,7 +399,7 @@ def _runs_by_key(model: type[models.Model]) -> dict[int, list[KeyRun]]:
 
 @pytest.mark.parametrize(("model", "limit"), [(KeyedJob, 1), (PairJob, 2)])
 def test_workers_hold_each_key_at_most_limit_fifo(procs, model, limit):
-    """8 worker processes drain 50 keys. By the ledger (database clock): every row ran
+    """6 worker processes drain 50 keys. By the ledger (database clock): every row ran
     exactly once; within a key, row i starts only after row i-limit ended (so never
     more than ``limit`` holders at once, and rows of a key are claimed first first)."""
     rows = LEDGER_ROWS[connection.vendor]
