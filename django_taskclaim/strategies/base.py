@@ -3,8 +3,9 @@
 :class:`Strategy` is what ``claim()`` calls; this module also holds the ORM form of a
 claim's SET clause (:func:`claim_updates`), the claim order (:func:`claim_order`) and
 the candidate rows it selects (:func:`candidates`), the quoted claim columns handed to
-the backends (:func:`claim_columns`), and the mark of a row recovered from a lost holder
-(:data:`RECOVERED_ATTR`, :func:`was_recovered`).
+the backends (:func:`claim_columns`), the mark of a row recovered from a lost holder
+(:data:`RECOVERED_ATTR`, :func:`was_recovered`), and the re-read of the rows a
+compare-and-set claim won (:func:`read_claimed`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models
-from django.db.models import F
+from django.db.models import F, Q
 
 from ..backends import ClaimColumns, for_alias, for_connection
 from ..db import DbNow
@@ -175,3 +176,16 @@ def candidates(qs: models.QuerySet, opts: ClaimOptions, limit: int) -> models.Qu
     ``locked_until`` of a ``ready`` row is set only on a row recovered from a lost holder
     (see :func:`was_recovered`)."""
     return qs.order_by(*_order_by(opts, qs.db)).values("pk", "locked_until")[:limit]
+
+
+def read_claimed(base: models.QuerySet, opts: ClaimOptions, won: dict[Any, int]) -> list[Any]:
+    """Re-read the rows a compare-and-set claim won, each only if it still carries the
+    token that claim wrote (``pk = ? AND version = ?`` and ``processing``).
+
+    A row released and re-claimed by another worker between the UPDATE and this read
+    comes back with another token and is left out: the caller never gets an instance
+    carrying someone else's token (its fenced writes would win over the real holder)."""
+    match = Q()
+    for pk, token in won.items():
+        match |= Q(pk=pk, version=token)
+    return list(base.filter(match).filter(opts.status_q("processing")))

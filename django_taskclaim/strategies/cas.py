@@ -6,12 +6,20 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, transaction
-from django.db.models import Q, sql
+from django.db.models import sql
 
 from ..backends import for_alias, for_connection
 from ..conf import taskclaim_settings
 from . import keyed
-from .base import Strategy, _mark_recovered, _order_by, _sort, candidates, claim_updates
+from .base import (
+    Strategy,
+    _mark_recovered,
+    _order_by,
+    _sort,
+    candidates,
+    claim_updates,
+    read_claimed,
+)
 
 if TYPE_CHECKING:
     from ..options import ClaimOptions
@@ -112,16 +120,3 @@ class CompareAndSet(Strategy):
         if not won:
             return []
         return _sort(_mark_recovered(read_claimed(base, opts, won), recovered), opts.ordering)
-
-
-def read_claimed(base: models.QuerySet, opts: ClaimOptions, won: dict[Any, int]) -> list[Any]:
-    """Re-read the rows a compare-and-set claim won, each only if it still carries the
-    token that claim wrote (``pk = ? AND version = ?`` and ``processing``).
-
-    A row released and re-claimed by another worker between the UPDATE and this read
-    comes back with another token and is left out: the caller never gets an instance
-    carrying someone else's token (its fenced writes would win over the real holder)."""
-    match = Q()
-    for pk, token in won.items():
-        match |= Q(pk=pk, version=token)
-    return list(base.filter(match).filter(opts.status_q("processing")))

@@ -9,65 +9,47 @@ fail: that exact violation is caught and the claim is run again (bounded), by th
 seeing the winner's rows, so it leaves that key alone.
 
 Models without a key never come here: their claims are unchanged.
+
+The pieces the claims share (the constraint, the candidates, the slot picking) are in
+:mod:`django_taskclaim.strategies.key_slots` and importable from here as well.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from django.db import IntegrityError, connections, models, transaction
-from django.db.models import Count, Exists, F, IntegerField, OuterRef, Q, Subquery, Value
-from django.db.models.functions import Coalesce
+from django.db.models import F, IntegerField, Value
 
 from ..backends import PostgreSQL, Statement, for_alias, for_connection
+from ..claim_meta import SLOT_FIELD
 from ..conf import taskclaim_settings
 from ..db import DbNow
-from ..exceptions import ConfigurationError, StrategyNotSupportedError
-from .base import _mark_recovered, _order_by, _sort, claim_columns, claim_order, claim_updates
+from ..exceptions import StrategyNotSupportedError
+from .base import _mark_recovered, _sort, claim_columns, read_claimed
+from .key_slots import _GUARDS as _GUARDS
+from .key_slots import (
+    _ahead,
+    _busy,
+    _by_slot,
+    _first_first,
+    _keyed_order_names,
+    _pick,
+    _updates,
+    guard,
+    is_key_conflict,
+    keyed_candidates,
+)
 from .statements import _instances, compile_queryset
 
 if TYPE_CHECKING:
-    from ..concurrency import ConcurrencyGuard
     from ..options import ClaimOptions, Concurrency
 
 #: Claims run again after losing a race for a key to another claimer; after these, the
 #: claim returns what it has (maybe nothing) and the caller claims again later.
 CONFLICT_RETRIES = 8
-
-_GUARDS: dict[type[models.Model], ConcurrencyGuard] = {}
-
-
-def guard(opts: ClaimOptions) -> ConcurrencyGuard:
-    """The model's enforcing constraint; :class:`ConfigurationError` when it has none
-    (the system check ``taskclaim.E032`` says the same): a key no database constraint
-    enforces is never claimed."""
-    found = _GUARDS.get(opts.model)
-    if found is None:
-        from ..concurrency import guard_of
-
-        found = guard_of(opts.model)
-        if found is None:
-            conc = cast("Concurrency", opts.concurrency)
-            raise ConfigurationError(
-                f"{opts.label} declares concurrency_key {conc.key!r} but no unique "
-                "constraint enforces it; see manage.py check (taskclaim.E032)"
-            )
-        _GUARDS[opts.model] = found
-    return found
-
-
-def is_key_conflict(exc: BaseException, opts: ClaimOptions, using: str) -> bool:
-    """Whether ``exc`` is the violation of the model's concurrency constraint (and of
-    nothing else): another claimer took the same key slot first."""
-    if not isinstance(exc, IntegrityError):
-        return False
-    g = guard(opts)
-    return for_alias(using).is_unique_violation(
-        exc.__cause__ or exc, table=g.table, constraint=g.name, columns=g.columns
-    )
 
 
 def retry_key_conflicts(fn: Callable[[], list[Any]], opts: ClaimOptions, using: str) -> list[Any]:
@@ -81,96 +63,6 @@ def retry_key_conflicts(fn: Callable[[], list[Any]], opts: ClaimOptions, using: 
             if not is_key_conflict(exc, opts, using):
                 raise
     return []
-
-
-def keyed_candidates(qs: models.QuerySet, opts: ClaimOptions) -> models.QuerySet:
-    """``qs`` without the rows whose key is at its limit (counted over every
-    ``processing`` row of the model, whatever the caller's filters), in claim order
-    (``pk`` last). The busy rows are looked up through the constraint's own field, so
-    its index serves the lookup."""
-    conc = cast("Concurrency", opts.concurrency)
-    base = qs.model._base_manager.using(qs.db)
-    busy = base.filter(opts.status_q("processing")).filter(**{guard(opts).held: OuterRef(conc.key)})
-    if conc.limit == 1:
-        qs = qs.filter(~Exists(busy))
-    else:
-        count = busy.order_by().values(conc.key).annotate(_tc_n=Count("pk")).values("_tc_n")
-        qs = qs.alias(_tc_busy=Coalesce(Subquery(count), 0)).filter(_tc_busy__lt=conc.limit)
-    return qs.order_by(*_keyed_order(opts, qs.db))
-
-
-def _keyed_order(opts: ClaimOptions, using: str) -> list[Any]:
-    """The claim order with ``pk`` as its last tie-break on every database: FIFO within
-    a key holds by ``pk`` even where the claim index leaves ties to the plan (a sort of
-    tied rows, unlike an index scan, has no fixed order)."""
-    order = _order_by(opts, using)
-    if "pk" not in {item.lstrip("-") for item in claim_order(opts, using)}:
-        order.append("pk")
-    return order
-
-
-def _keyed_order_names(opts: ClaimOptions, using: str) -> tuple[str, ...]:
-    names = claim_order(opts, using)
-    if "pk" not in {item.lstrip("-") for item in names}:
-        names = (*names, "pk")
-    return names
-
-
-def _pick(keys: Sequence[Any], busy: dict[Any, set[int]], conc: Concurrency) -> list[int | None]:
-    """Per candidate (in claim order), the slot it takes, or ``None`` when its key has
-    no free slot left. A ``NULL`` key is not limited (slot 0)."""
-    taken: dict[Any, set[int]] = defaultdict(set)
-    out: list[int | None] = []
-    for key in keys:
-        if key is None:
-            out.append(0)
-            continue
-        used = busy.get(key, set()) | taken[key]
-        free = next((s for s in range(conc.limit) if s not in used), None)
-        if conc.slot is None and (key in busy or taken[key]):
-            free = None
-        if free is not None:
-            taken[key].add(free)
-        out.append(free)
-    return out
-
-
-def _busy(base: models.QuerySet, opts: ClaimOptions, keys: Sequence[Any]) -> dict[Any, set[int]]:
-    """The slots held now by ``processing`` rows of these key values."""
-    from ..options import SLOT_FIELD
-
-    conc = cast("Concurrency", opts.concurrency)
-    wanted = {k for k in keys if k is not None}
-    if not wanted:
-        return {}
-    slot = F(SLOT_FIELD) if conc.slot is not None else Value(0)
-    rows = (
-        base.filter(opts.status_q("processing"))
-        .filter(**{f"{guard(opts).held}__in": wanted})
-        .annotate(_tc_key=F(conc.key), _tc_slot=slot)
-        .values_list("_tc_key", "_tc_slot")
-    )
-    busy: dict[Any, set[int]] = defaultdict(set)
-    for key, s in rows:
-        busy[key].add(s)
-    return busy
-
-
-def _updates(opts: ClaimOptions, lease: float, worker: str, slot: int) -> dict[str, Any]:
-    from ..options import SLOT_FIELD
-
-    updates = claim_updates(opts, lease, worker)
-    if cast("Concurrency", opts.concurrency).slot is not None:
-        updates[SLOT_FIELD] = slot
-    return updates
-
-
-def _by_slot(pks: Sequence[Any], slots: Sequence[int | None]) -> dict[int, list[Any]]:
-    groups: dict[int, list[Any]] = defaultdict(list)
-    for pk, s in zip(pks, slots, strict=True):
-        if s is not None:
-            groups[s].append(pk)
-    return groups
 
 
 # -- PostgreSQL: one statement --------------------------------------------------------
@@ -318,58 +210,11 @@ def claim_locked_in_transaction(
             if opts.has("locked_by"):
                 r.locked_by = worker
             if conc.slot is not None:
-                from ..options import SLOT_FIELD
-
                 setattr(r, SLOT_FIELD, slot)
             won.append(r)
         return _mark_recovered(won, recovered)
 
     return retry_key_conflicts(run, opts, qs.db)
-
-
-def _ahead(qs: models.QuerySet, opts: ClaimOptions) -> Any:
-    """Per candidate: how many rows of ``qs`` with its key come before it in claim
-    order, as an ORM expression; ``None`` when an order field is nullable (not
-    compared)."""
-    conc = cast("Concurrency", opts.concurrency)
-    before = Q()
-    equal: dict[str, Any] = {}
-    for item in _keyed_order_names(opts, qs.db):
-        name = item.lstrip("-")
-        field = opts.model._meta.pk if name == "pk" else opts.model._meta.get_field(name)
-        if getattr(field, "null", False):
-            return None
-        lookup = "gt" if item.startswith("-") else "lt"
-        before |= Q(**equal, **{f"{name}__{lookup}": OuterRef(name)})
-        equal[name] = OuterRef(name)
-    count = (
-        qs.filter(**{conc.key: OuterRef(conc.key)})
-        .filter(before)
-        .order_by()
-        .values(conc.key)
-        .annotate(_tc_n=Count("pk"))
-        .values("_tc_n")
-    )
-    return Coalesce(Subquery(count), 0)
-
-
-def _first_first(
-    rows: Sequence[Any], keys: Sequence[Any], slots: list[int | None]
-) -> list[int | None]:
-    """``slots`` less the rows of a key that has a row ahead of them this claim did not
-    get (locked by another claim that may still give it back): rows of one key are
-    claimed first first, whatever another claim does."""
-    seen: dict[Any, int] = defaultdict(int)
-    blocked: set[Any] = set()
-    out = list(slots)
-    for i, (row, key) in enumerate(zip(rows, keys, strict=True)):
-        if key is None:
-            continue
-        if key in blocked or row._tc_ahead != seen[key]:
-            blocked.add(key)
-            out[i] = None
-        seen[key] += 1
-    return out
 
 
 # -- compare-and-set ------------------------------------------------------------------
@@ -454,8 +299,6 @@ def claim_compare_and_set(
             lost.add(key)
     if not won:
         return []
-    from .cas import read_claimed
-
     return _sort(_mark_recovered(read_claimed(base, opts, won), recovered), opts.ordering)
 
 
