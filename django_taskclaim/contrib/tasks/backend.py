@@ -2,13 +2,12 @@
 
 ``TASKS = {"default": {"BACKEND": "django_taskclaim.contrib.tasks.backend.TaskClaimBackend"}}``
 stores each enqueued Task as a :class:`~django_taskclaim.contrib.tasks.models.QueuedTask`
-row; ``manage.py taskclaim_worker taskclaim_tasks.QueuedTask`` runs them.
+row; ``manage.py taskclaim_worker taskclaim_tasks.QueuedTask`` runs them. What a row stores
+of the call (its JSON arguments, its unique key) is worked out in :mod:`.arguments`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import uuid
 from dataclasses import dataclass, fields
@@ -17,18 +16,19 @@ from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.apps import apps
+from django.core import checks
 from django.db import router
 from django.tasks import Task, TaskResult
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
-from django.utils.json import normalize_json
 
 from django_taskclaim.conf import taskclaim_settings
 from django_taskclaim.db import DbNow, retry_transient
 from django_taskclaim.unique import insert_unique
 
-from .exceptions import InvalidTaskArguments
+from .arguments import _check_key, encode_arguments, unique_key_for
+from .results import to_result
 
 if TYPE_CHECKING:
     from .models import QueuedTask
@@ -70,7 +70,7 @@ def _number(value: Any, name: str, *, low: float, high: float | None = None) -> 
 
 
 def _max_attempts(value: Any, where: str) -> int:
-    from .models import MAX_ATTEMPTS_CEILING
+    from .models import MAX_ATTEMPTS_CEILING  # deferred: models need the app registry
 
     if (
         isinstance(value, bool)
@@ -89,65 +89,6 @@ def _copy_task(task: Task, **changes: Any) -> Task:
     for f in fields(task):
         object.__setattr__(copy, f.name, changes.get(f.name, getattr(task, f.name)))
     return copy
-
-
-def encode_arguments(task: Task, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
-    """Return ``args`` / ``kwargs`` as the JSON values that will be stored.
-
-    Raises :class:`InvalidTaskArguments` (an ``InvalidTask`` and a ``TypeError``) naming
-    the offending argument when one cannot be stored as JSON. Tuples become lists and
-    UTF-8 bytes become strings, exactly as Django's ``TaskResult`` normalises them.
-    """
-    path = task.module_path
-    if not isinstance(args, list | tuple):
-        raise InvalidTaskArguments(f"positional arguments of {path} must be a list or tuple")
-    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
-        raise InvalidTaskArguments(f"keyword arguments of {path} must be a dict with str keys")
-    items = [(f"args[{i}]", v) for i, v in enumerate(args)] + [
-        (f"kwargs[{k!r}]", v) for k, v in kwargs.items()
-    ]
-    for where, value in items:
-        try:
-            json.dumps(normalize_json(value), allow_nan=False)
-        except (TypeError, ValueError, RecursionError) as exc:
-            detail = str(exc)
-            if detail.startswith("Unsupported type") or detail.startswith("Unsupported value"):
-                detail = (
-                    f"Object of type {type(_first_bad(value)).__name__} is not JSON serializable"
-                )
-            raise InvalidTaskArguments(
-                f"{where} of {path} cannot be stored as JSON: {detail}. Task arguments must "
-                "survive a json.dumps()/json.loads() round trip; pass ids, strings and "
-                "numbers instead of objects (e.g. model instances, datetimes, sets)."
-            ) from exc
-    stored_args: list[Any] = normalize_json(list(args))  # type: ignore[assignment]
-    stored_kwargs: dict[str, Any] = normalize_json(dict(kwargs))  # type: ignore[assignment]
-    return stored_args, stored_kwargs
-
-
-def unique_key_for(task: Task, args_json: list[Any], kwargs_json: dict[str, Any]) -> str:
-    """The key :meth:`TaskClaimBackend.enqueue_unique` uses when given none:
-    ``"<task path>:<sha256>"`` of the task path, the queue name and the stored
-    arguments (keys sorted), so equal calls of one task to one queue share it."""
-    body = json.dumps(
-        [task.module_path, task.queue_name, args_json, kwargs_json],
-        sort_keys=True,
-        separators=(",", ":"),
-    )
-    digest = hashlib.sha256(body.encode()).hexdigest()
-    from .models import UNIQUE_KEY_MAX_LENGTH
-
-    return f"{task.module_path}:{digest}"[-UNIQUE_KEY_MAX_LENGTH:]
-
-
-def _check_key(key: Any) -> None:
-    from .models import UNIQUE_KEY_MAX_LENGTH
-
-    if not isinstance(key, str) or not key or len(key) > UNIQUE_KEY_MAX_LENGTH:
-        raise InvalidTask(
-            f"unique key must be a non-empty string of at most {UNIQUE_KEY_MAX_LENGTH} "
-            f"characters, got {key!r}"
-        )
 
 
 def enqueue_unique(task: Task, key: str | None, /, *args: Any, **kwargs: Any) -> TaskResult:
@@ -172,24 +113,6 @@ async def aenqueue_unique(task: Task, key: str | None, /, *args: Any, **kwargs: 
     return await sync_to_async(enqueue_unique)(task, key, *args, **kwargs)
 
 
-def _first_bad(value: Any) -> Any:
-    """The innermost value ``normalize_json`` rejects (for the error message)."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            for part in (k, v):
-                try:
-                    normalize_json(part)
-                except (TypeError, ValueError):
-                    return _first_bad(part)
-    elif isinstance(value, list | tuple):
-        for v in value:
-            try:
-                normalize_json(v)
-            except (TypeError, ValueError):
-                return _first_bad(v)
-    return value
-
-
 class TaskClaimBackend(BaseTaskBackend):
     """A ``django.tasks`` backend storing tasks in a claimable table.
 
@@ -208,7 +131,7 @@ class TaskClaimBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
-        from .models import NAME_MAX_LENGTH
+        from .models import NAME_MAX_LENGTH  # deferred: models need the app registry
 
         unknown = sorted(set(self.options) - set(OPTION_NAMES))
         if unknown:
@@ -242,7 +165,7 @@ class TaskClaimBackend(BaseTaskBackend):
                 f"TASKS[{self.alias!r}] uses {type(self).__name__}: add {APP!r} to "
                 "INSTALLED_APPS and run migrate"
             )
-        from .models import QueuedTask
+        from .models import QueuedTask  # deferred: models need the app registry
 
         return QueuedTask
 
@@ -300,7 +223,7 @@ class TaskClaimBackend(BaseTaskBackend):
                 f"allowed queues are {', '.join(sorted(map(repr, self.queues)))} "
                 f"(TASKS[{self.alias!r}]['QUEUES'])"
             )
-        from .models import NAME_MAX_LENGTH
+        from .models import NAME_MAX_LENGTH  # deferred: models need the app registry
 
         if not isinstance(task.queue_name, str) or len(task.queue_name) > NAME_MAX_LENGTH:
             raise InvalidTask(
@@ -342,8 +265,6 @@ class TaskClaimBackend(BaseTaskBackend):
 
     def _enqueued(self, row: QueuedTask, task: Task) -> TaskResult:
         """The ``TaskResult`` of the row just inserted; sends ``task_enqueued``."""
-        from .results import to_result
-
         stale = [
             name
             for name in ("created_at", "run_after")
@@ -386,8 +307,6 @@ class TaskClaimBackend(BaseTaskBackend):
         key. Same validation and transaction behaviour as :meth:`enqueue`;
         ``task_enqueued`` is sent only when a row was created.
         """
-        from .results import to_result
-
         self.validate_task(task)
         args_json, kwargs_json = encode_arguments(task, args, kwargs)
         key = unique_key_for(task, args_json, kwargs_json) if key is None else key
@@ -415,8 +334,6 @@ class TaskClaimBackend(BaseTaskBackend):
         refreshed right after a state change sees it. Raises
         ``TaskResultDoesNotExist`` for an unknown or malformed id.
         """
-        from .results import to_result
-
         model = self.model
         try:
             row = model._base_manager.using(self.database).get(pk=self._key(result_id))
@@ -426,8 +343,6 @@ class TaskClaimBackend(BaseTaskBackend):
 
     async def aget_result(self, result_id: Any) -> TaskResult:
         """Async twin of :meth:`get_result`."""
-        from .results import to_result
-
         model = self.model
         try:
             row = await model._base_manager.using(self.database).aget(pk=self._key(result_id))
@@ -437,8 +352,6 @@ class TaskClaimBackend(BaseTaskBackend):
 
     def check(self, **kwargs: Any) -> list[Any]:
         """System check: the sub-app must be installed for this backend to work."""
-        from django.core import checks
-
         if not apps.is_installed(APP):
             return [
                 checks.Error(
