@@ -10,6 +10,6 @@ class TaskClaimConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks, lock_checks  # noqa: F401  (register the system checks)
-        from .notify import connect_signals
+        from .notify import connect_signals  # deferred: connected once the app registry is ready
 
         connect_signals()

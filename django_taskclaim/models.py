@@ -138,6 +138,6 @@ class PeriodicRun(ClaimableModel):
     def process(self) -> Any:
         """Call the function (with this row if it takes an argument); see
         :func:`django_taskclaim.periodic.slots.run_function`."""
-        from .periodic.slots import run_function
+        from .periodic.slots import run_function  # deferred: cycle, slots imports these models
 
         return run_function(self)

@@ -212,7 +212,7 @@ def model_stats(
 def live_workers(using: str | None = None) -> list[WorkerInfo]:
     """Registered workers not stopped and heard from within :func:`silent_after` seconds
     (:func:`live_worker_q`, database clock), ordered by id."""
-    from .models import WorkerProcess
+    from .models import WorkerProcess  # deferred: models need the app registry
 
     db = using or router.db_for_read(WorkerProcess)
     rows = WorkerProcess.objects.using(db).filter(live_worker_q())

@@ -23,6 +23,7 @@ from .db import DbNow, default_worker_id, in_user_atomic, retry_transient
 from .exceptions import ClaimInTransactionError, ConfigurationError
 from .options import ClaimOptions, get_options
 from .strategies import resolve, validate_lease
+from .unique import insert_unique
 
 if TYPE_CHECKING:
     from .reaper import ReapResult
@@ -236,8 +237,6 @@ class ClaimQuerySetMixin(_QuerySetBase):
         Works inside and outside ``transaction.atomic()``. See
         :func:`django_taskclaim.unique.insert_unique` and ``docs/unique.md``.
         """
-        from .unique import insert_unique
-
         model = self.model
         self._for_write = True
         using = self.db
@@ -374,7 +373,7 @@ class ClaimQuerySetMixin(_QuerySetBase):
 
     def reap(self, **kwargs: Any) -> ReapResult:
         """Recover this queryset's expired leases; see :func:`django_taskclaim.reaper.reap`."""
-        from .reaper import reap_queryset  # the reaper imports this module
+        from .reaper import reap_queryset  # deferred: cycle, the reaper imports this module
 
         return reap_queryset(self._qs(), **kwargs)
 

@@ -33,6 +33,7 @@ from .backends import for_alias
 from .conf import CHECK_TAG
 from .db import retry_transient
 from .exceptions import ConfigurationError, TaskClaimError
+from .options import get_options
 from .status import Status
 
 logger = logging.getLogger("django_taskclaim.unique")
@@ -296,8 +297,6 @@ def insert_unique[M: models.Model](
 
 def check_model(model: type[models.Model]) -> list[checks.CheckMessage]:
     """The E030 / E031 findings for one model (see :func:`check_unique_keys`)."""
-    from .options import get_options
-
     errors: list[checks.CheckMessage] = []
     for field in active_key_fields(model):
         where = f"{model._meta.label}.{field.name}"

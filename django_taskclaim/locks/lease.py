@@ -109,7 +109,7 @@ class LeaseLock:
         auto_renew: bool | float = False,
     ) -> None:
         # Late: the locks are importable before the app registry is ready; models are not.
-        from ..models import Lease
+        from ..models import Lease  # deferred: models need the app registry
 
         self.key = validate_lease_key(key)
         self.ttl = validate_ttl(ttl)

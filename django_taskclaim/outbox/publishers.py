@@ -214,8 +214,8 @@ class NatsPublisher:
 
     def publish_batch(self, messages: Sequence[Any]) -> None:
         """Publish the batch pipelined on one connection; wait for every ack."""
-        from nats import errors as nats_errors
-        from nats.js import errors as js_errors
+        from nats import errors as nats_errors  # the "outbox" extra
+        from nats.js import errors as js_errors  # the "outbox" extra
 
         self.connect()
 

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, tzinfo
 from typing import Any, TypeVar
 
 from django.db import models
+from django.utils.module_loading import autodiscover_modules
 
 from .. import bounds
 from ..exceptions import ConfigurationError
@@ -170,8 +171,6 @@ def discover() -> None:
     global _discovered
     if _discovered:
         return
-    from django.utils.module_loading import autodiscover_modules
-
     autodiscover_modules("periodic")
     _discovered = True
 

@@ -17,6 +17,7 @@ from django.db import DatabaseError
 from django.db.models import Model
 
 from ..conf import taskclaim_settings
+from ..locks import LeaseLock
 from ..reaper import recover
 from .dbconn import close, one_line
 
@@ -76,8 +77,6 @@ class Reaping(threading.Thread):
     def once(self, interval: float) -> None:
         """Reap unless another worker did within ``interval`` (the lock is not released:
         it lapses after ``interval``, so one reap per interval runs across all hosts)."""
-        from ..locks import LeaseLock
-
         lock = LeaseLock(REAP_LOCK_KEY, interval, owner=self.worker_id, using=self.lock_db)
         if not lock.acquire():
             logger.debug(

@@ -29,7 +29,7 @@ REGISTRY_INTERVAL = 10.0
 
 
 def worker_model() -> type[Model]:
-    from ..models import WorkerProcess
+    from ..models import WorkerProcess  # deferred: models need the app registry
 
     return WorkerProcess
 

@@ -44,7 +44,7 @@ class Scheduler(threading.Thread):
         served: list[type[Model]],
     ) -> None:
         super().__init__(name="taskclaim-scheduler", daemon=True)
-        from ..periodic.slots import Planner
+        from ..periodic.slots import Planner  # deferred: models need the app registry
 
         discover()
         self.schedules = schedules()

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django_taskclaim.exceptions import Retry
+from django_taskclaim.monitoring import db_now
 from django_taskclaim.options import get_options, retry_delay
 from django_taskclaim.writes import format_error
 
@@ -45,7 +46,7 @@ def backoff(alias: str, attempts: int) -> float:
     """
     backend = announce.backend_for(alias)
     if backend is None:
-        from .models import QueuedTask
+        from .models import QueuedTask  # deferred: models need the app registry
 
         return get_options(QueuedTask).backoff(attempts)
     base, cap, jitter = backend.retry_settings()
@@ -154,8 +155,6 @@ def _db_clock(using: str, at: float) -> datetime:
     clock, never the worker's wall clock)."""
     reading = _CLOCK.get(using)
     if reading is None or time.monotonic() - reading[1] > CLOCK_READING_TTL:
-        from django_taskclaim.monitoring import db_now
-
         reading = _CLOCK[using] = (db_now(using), time.monotonic())
     return reading[0] + timedelta(seconds=at - reading[1])
 

@@ -12,6 +12,8 @@ from django.tasks.base import TaskError
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from django_taskclaim.options import get_options
+
 from .exceptions import TaskUnavailable
 
 #: Logical claim state of a row -> status of its ``TaskResult``.
@@ -152,8 +154,6 @@ def to_result(row: Any, *, task: Task | None = None, now: datetime | None = None
     Timestamps written with the database clock but not read back yet are reported
     as ``now`` (the caller's clock) instead of costing a query.
     """
-    from django_taskclaim.options import get_options
-
     opts = get_options(row)
     state = opts.state_of(row.status) or "ready"
     now = now or timezone.now()
