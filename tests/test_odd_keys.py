@@ -404,3 +404,16 @@ def test_nullable_ordering_claims_in_the_databases_order(strategy):
     assert [r.pk for r in first] == expected[:3]
     rest = claim_nullable(10, strategy)
     assert [r.pk for r in rest] == expected[3:]
+
+
+def test_uuid_rows_enqueued_together_are_claimed_in_insertion_order(vendor):
+    """Rows that tie on (priority, created_at) — enqueued in one transaction — come out
+    in insertion order: a UUID pk is not used as the tie-break (it would shuffle them)."""
+    if vendor == "mysql":
+        pytest.skip("InnoDB keeps index ties in primary-key order: a UUID pk orders them")
+    with transaction.atomic():
+        made = [UUIDTask.objects.create(note=str(i)) for i in range(30)]
+    claimed = []
+    while (row := UUIDTask.objects.claim_next(worker="w")) is not None:
+        claimed.append(row.pk)
+    assert claimed == [r.pk for r in made]

@@ -142,11 +142,15 @@ def claim_columns(model: type[models.Model], opts: ClaimOptions, conn: Any) -> C
 
 def claim_order(opts: ClaimOptions, using: str) -> tuple[str, ...]:
     """The ORDER BY of a claim: ``ClaimMeta.ordering``, plus ``pk`` as the last tie-break
-    where that costs nothing (InnoDB and SQLite append the primary key to every index
-    entry). Not on PostgreSQL, whose claim index does not hold the pk: there, ties come
-    in index order (heap order, i.e. insertion order for rows inserted together)."""
+    where that costs nothing and keeps insertion order: an auto-increment pk on InnoDB and
+    SQLite (which append it to every index entry). Not on PostgreSQL, whose claim index
+    does not hold the pk, and not for other primary keys (a UUID would order rows
+    enqueued together at random): there, ties come in index order (PostgreSQL: heap
+    order; SQLite: rowid order — insertion order for rows inserted together)."""
     ordering = opts.ordering
-    free = for_alias(using).pk_tie_break_is_free
+    free = for_alias(using).pk_tie_break_is_free and isinstance(
+        opts.model._meta.pk, models.fields.AutoFieldMixin
+    )
     if free and "pk" not in {o.lstrip("-") for o in ordering}:
         ordering = (*ordering, "pk")
     return ordering
