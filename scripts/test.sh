@@ -14,7 +14,7 @@
 #   TASKCLAIM_TESTS="…"      pytest selection of the sqlite / postgresql / mariadb / django52
 #                            passes instead of their default (the whole suite; five files)
 #   TASKCLAIM_PYTEST_ARGS="…" extra pytest arguments for every pass
-#   TASKCLAIM_WORKERS=N      pytest-xdist workers of the database passes (default 2; 0 = none)
+#   TASKCLAIM_WORKERS=N      pytest-xdist workers of the database passes (default 3; 0 = none)
 #   VENV=dir                 virtual environment (default .venv; the Django 5.2 one is VENV-dj52)
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -108,12 +108,14 @@ mariadb_skip_reason() {
   fi
 }
 
-# The three database passes run on TASKCLAIM_WORKERS pytest-xdist workers (default 2,
-# one per core of the reference machine; each worker gets its own test database). Most
-# of their time is spent waiting on worker subprocesses and the database, so two workers
-# cut a pass by about a third. TASKCLAIM_WORKERS=0 runs them in one process.
+# The three database passes run on TASKCLAIM_WORKERS pytest-xdist workers (default 3 on
+# the 2-core reference machine; each worker gets its own test database). Tests wait on
+# worker subprocesses and the database, so a third worker fills the cores the long
+# multi-process tests leave idle (the PostgreSQL pass on an otherwise quiet machine:
+# 326 s with 3 workers, cores idle 2 % of the time; 428–434 s with 2).
+# TASKCLAIM_WORKERS=0 runs them in one process.
 MAIN_TESTS=(-q)
-workers=${TASKCLAIM_WORKERS:-2}
+workers=${TASKCLAIM_WORKERS:-3}
 if [ "$workers" != 0 ] && "$py" -c "import xdist" 2>/dev/null; then
   MAIN_TESTS+=(-n "$workers")
 fi
