@@ -375,12 +375,17 @@ def test_racing_claimers_never_share_a_key(strategy):
 
 # -- real workers over a ledger -------------------------------------------------------
 
-#: Rows, keys and worker processes of the ledger tests, per database. SQLite runs one
-#: writer at a time and MariaDB's claims take a transaction of several statements on
-#: two shared cores: fewer rows there, same shape.
-LEDGER_ROWS = {"postgresql": 2000, "mysql": 1000, "sqlite": 600}
+#: Rows, keys and worker processes of the ledger tests, per database and limit. SQLite
+#: runs one writer at a time and MariaDB's claims take a transaction of several
+#: statements on two shared cores: fewer rows there, same shape. Limit 2 claims count
+#: each candidate's rows ahead in its key, which grows with the backlog per key (see
+#: docs/concurrency-keys.md): fewer rows, same 8 processes and 50 keys.
+LEDGER_ROWS = {
+    1: {"postgresql": 5000, "mysql": 2000, "sqlite": 1000},
+    2: {"postgresql": 1500, "mysql": 1000, "sqlite": 600},
+}
 KEYS = 50
-PROCESSES = 6
+PROCESSES = 8
 
 
 @pytest.fixture
@@ -399,10 +404,10 @@ def _runs_by_key(model: type[models.Model]) -> dict[int, list[KeyRun]]:
 
 @pytest.mark.parametrize(("model", "limit"), [(KeyedJob, 1), (PairJob, 2)])
 def test_workers_hold_each_key_at_most_limit_fifo(procs, model, limit):
-    """6 worker processes drain 50 keys. By the ledger (database clock): every row ran
+    """8 worker processes drain 50 keys. By the ledger (database clock): every row ran
     exactly once; within a key, row i starts only after row i-limit ended (so never
     more than ``limit`` holders at once, and rows of a key are claimed first first)."""
-    rows = LEDGER_ROWS[connection.vendor]
+    rows = LEDGER_ROWS[limit][connection.vendor]
     model.objects.bulk_create(
         model(customer_id=i % KEYS, work=0.002 * (i % 3)) for i in range(rows)
     )
