@@ -61,6 +61,16 @@ def is_key_conflict(exc: BaseException, opts: ClaimOptions, using: str) -> bool:
     )
 
 
+def _held(base: models.QuerySet, opts: ClaimOptions) -> models.QuerySet:
+    """The rows holding a key: ``processing`` ones. With a generated held column (NULL
+    unless processing) a lookup on it says so already, and no status filter is added:
+    one would match the lease index's predicate too, and the planner may then combine
+    that whole index with the held column's for every candidate."""
+    if guard(opts).partial:
+        return base.filter(opts.status_q("processing"))
+    return base
+
+
 def keyed_candidates(qs: models.QuerySet, opts: ClaimOptions) -> models.QuerySet:
     """``qs`` without the rows whose key is at its limit (counted over every
     ``processing`` row of the model, whatever the caller's filters), in claim order
@@ -68,7 +78,7 @@ def keyed_candidates(qs: models.QuerySet, opts: ClaimOptions) -> models.QuerySet
     its index serves the lookup."""
     conc = cast("Concurrency", opts.concurrency)
     base = qs.model._base_manager.using(qs.db)
-    busy = base.filter(opts.status_q("processing")).filter(**{guard(opts).held: OuterRef(conc.key)})
+    busy = _held(base, opts).filter(**{guard(opts).held: OuterRef(conc.key)})
     if conc.limit == 1:
         qs = qs.filter(~Exists(busy))
     else:
@@ -121,7 +131,7 @@ def _busy(base: models.QuerySet, opts: ClaimOptions, keys: Sequence[Any]) -> dic
         return {}
     slot = F(SLOT_FIELD) if conc.slot is not None else Value(0)
     rows = (
-        base.filter(opts.status_q("processing"))
+        _held(base, opts)
         .filter(**{f"{guard(opts).held}__in": wanted})
         .annotate(_tc_key=F(conc.key), _tc_slot=slot)
         .values_list("_tc_key", "_tc_slot")
