@@ -506,3 +506,17 @@ def test_partial_constraint_form():
     finally:
         with connection.schema_editor() as editor:
             editor.delete_model(Partial)
+
+
+@pytest.mark.parametrize("model", [KeyedJob, PairJob])
+def test_the_busy_lookup_of_a_generated_held_column_does_not_filter_on_the_status(model):
+    """The held column is NULL unless processing, so the lookup needs no status filter;
+    with one, PostgreSQL combined the whole lease index (its predicate is the same) into
+    every candidate's lookup: 1.3 s per claim with 5,000 ready rows."""
+    from django_taskclaim.strategies import compile_queryset
+    from django_taskclaim.strategies.key_slots import keyed_candidates
+
+    sql, params = compile_queryset(keyed_candidates(model.objects.claimable(), get_options(model)))
+    assert "processing" not in sql
+    assert "processing" not in [str(p) for p in params]
+    assert "customer_held" in sql  # the lookup goes through the held column's index
