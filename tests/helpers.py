@@ -1,4 +1,5 @@
-"""Test helpers: waiting on conditions with deadlines, subprocess environments."""
+"""Test helpers: waiting on conditions with deadlines, subprocess environments, a
+throwaway embedded PostgreSQL server."""
 
 from __future__ import annotations
 
@@ -51,3 +52,33 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def embedded_database(
+    name: str, db: str, start: Callable[[Path], dict[str, Any]] | None = None
+) -> tuple[Path, dict[str, Any], Callable[..., list[tuple]]]:
+    """Start (or reuse) the embedded PostgreSQL server of ``var/<name><suffix><worker>`` (with
+    ``start``, default ``embedded.start``) and give it a new, empty database ``db``.
+    Returns the data directory, the server's connection settings and
+    ``sql(query, dbname=db)``, which runs one statement there (autocommit) and returns
+    its rows."""
+    import psycopg
+
+    from django_taskclaim import embedded
+
+    # One server per test run and pytest-xdist worker: two tests on one server would
+    # drop and migrate the same database under each other.
+    suffix = os.environ.get("TASKCLAIM_TEST_SUFFIX", "") + os.environ.get("PYTEST_XDIST_WORKER", "")
+    data_dir = ROOT / "var" / f"{name}{suffix}"
+    conf = (start or embedded.start)(data_dir)
+
+    def sql(query: str, dbname: str = db) -> list[tuple]:
+        with psycopg.connect(
+            host=conf["HOST"], port=conf["PORT"], user="postgres", dbname=dbname, autocommit=True
+        ) as conn:
+            cur = conn.execute(query)
+            return cur.fetchall() if cur.description else []
+
+    sql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)", "postgres")
+    sql(f"CREATE DATABASE {db}", "postgres")
+    return data_dir, conf, sql

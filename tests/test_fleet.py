@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -20,7 +21,7 @@ from django.test import override_settings
 from django_taskclaim import embedded
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.worker.fleet import plan, requested_databases
-from tests.helpers import ROOT, wait_for
+from tests.helpers import embedded_database, wait_for
 from tests.testapp.models import Document
 from tests.worker_procs import WorkerProc, run_command, stop_all
 
@@ -63,7 +64,7 @@ def test_an_unknown_alias_is_a_one_line_error() -> None:
     assert "Traceback" not in done.stderr
 
 
-def start(data_dir: object) -> dict[str, str]:
+def start(data_dir: Path) -> dict[str, str]:
     """Start the server (again) and return its connection keys; from a fresh process each
     time, because the package caches the servers it started."""
     code = (
@@ -91,19 +92,7 @@ def crash(data_dir: object) -> None:
 
 @pytest.fixture
 def shard():
-    data_dir = ROOT / "var" / f"fleet-shard-pg{os.environ.get('TASKCLAIM_TEST_SUFFIX', '')}"
-    conf = start(data_dir)
-    import psycopg
-
-    def sql(query: str, dbname: str = DB) -> list[tuple]:
-        with psycopg.connect(
-            host=conf["HOST"], port=conf["PORT"], user="postgres", dbname=dbname, autocommit=True
-        ) as conn:
-            cur = conn.execute(query)
-            return cur.fetchall() if cur.description else []
-
-    sql(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)", "postgres")
-    sql(f"CREATE DATABASE {DB}", "postgres")
+    data_dir, conf, sql = embedded_database("fleet-shard-pg", DB, start=start)
     env = {
         "DJANGO_SETTINGS_MODULE": "tests.settings_fleet",
         "TASKCLAIM_SHARD_URL": f"postgres://postgres@/{DB}?host={conf['HOST']}&port={conf['PORT']}",

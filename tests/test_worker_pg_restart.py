@@ -8,7 +8,6 @@ touched.
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ import pytest
 from django.conf import settings
 
 from django_taskclaim import embedded
-from tests.helpers import ROOT, wait_for
+from tests.helpers import embedded_database, wait_for
 from tests.worker_procs import ATOMIC, WorkerProc, run_command, stop_all
 
 pytestmark = [
@@ -38,19 +37,7 @@ def restart(data_dir) -> None:
 
 @pytest.fixture
 def server():
-    data_dir = ROOT / "var" / f"worker-restart-pg{os.environ.get('TASKCLAIM_TEST_SUFFIX', '')}"
-    conf = embedded.start(data_dir)
-    import psycopg
-
-    def sql(query: str, dbname: str = DB) -> list[tuple]:
-        with psycopg.connect(
-            host=conf["HOST"], port=conf["PORT"], user="postgres", dbname=dbname, autocommit=True
-        ) as conn:
-            cur = conn.execute(query)
-            return cur.fetchall() if cur.description else []
-
-    sql(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)", "postgres")
-    sql(f"CREATE DATABASE {DB}", "postgres")
+    data_dir, conf, sql = embedded_database("worker-restart-pg", DB)
     env = {
         "DATABASE_URL": f"postgres://postgres@/{DB}?host={conf['HOST']}&port={conf['PORT']}",
         "TASKCLAIM_TEST_DB_NAME": DB,
