@@ -108,6 +108,17 @@ def _sort(rows: list[models.Model], ordering: tuple[str, ...]) -> list[models.Mo
     return rows
 
 
+def apply_claim(row: Any, opts: ClaimOptions, until: Any, worker: str) -> None:
+    """Set on ``row`` in memory what the claim's UPDATE wrote (status, version, attempts,
+    lease, holder), for the strategies whose database cannot return the written row."""
+    setattr(row, opts.status_field, opts.value("processing"))
+    row.version += 1
+    row.attempts += 1
+    row.locked_until = until
+    if opts.has("locked_by"):
+        row.locked_by = worker
+
+
 def _mark_recovered(rows: list[Any], recovered: set[Any]) -> list[Any]:
     for row in rows:
         if row.pk in recovered:

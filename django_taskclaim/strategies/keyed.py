@@ -28,7 +28,7 @@ from ..claim_meta import SLOT_FIELD
 from ..conf import taskclaim_settings
 from ..db import DbNow
 from ..exceptions import StrategyNotSupportedError
-from .base import _mark_recovered, _sort, claim_columns, read_claimed
+from .base import _mark_recovered, _sort, apply_claim, claim_columns, read_claimed
 from .key_slots import _GUARDS as _GUARDS
 from .key_slots import (
     _ahead,
@@ -203,12 +203,7 @@ def claim_locked_in_transaction(
             r.__dict__.pop("_tc_ahead", None)
             if slot is None:
                 continue
-            setattr(r, opts.status_field, opts.value("processing"))
-            r.version += 1
-            r.attempts += 1
-            r.locked_until = until
-            if opts.has("locked_by"):
-                r.locked_by = worker
+            apply_claim(r, opts, until, worker)
             if conc.slot is not None:
                 setattr(r, SLOT_FIELD, slot)
             won.append(r)

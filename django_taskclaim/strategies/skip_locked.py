@@ -10,7 +10,7 @@ from django.db import connections, models, transaction
 from ..backends import for_connection
 from ..db import DbNow
 from . import keyed
-from .base import Strategy, _mark_recovered, _order_by, claim_updates
+from .base import Strategy, _mark_recovered, _order_by, apply_claim, claim_updates
 from .statements import _claim_returning, _compiled_candidates
 
 if TYPE_CHECKING:
@@ -87,11 +87,6 @@ class SkipLocked(Strategy):
                     "locked rows changed under a claim; rolled back"
                 )
         for r in rows:
-            setattr(r, opts.status_field, opts.value("processing"))
-            r.version += 1
-            r.attempts += 1
-            r.locked_until = until
-            if opts.has("locked_by"):
-                r.locked_by = worker
+            apply_claim(r, opts, until, worker)
             del r._taskclaim_now
         return _mark_recovered(rows, recovered)
