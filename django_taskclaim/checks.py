@@ -18,6 +18,8 @@
   constraint, or out of step with ``ClaimMeta`` — see :mod:`django_taskclaim.unique`
 - E032 / E033 per-key concurrency: a ``concurrency_key`` no constraint enforces, or a
   partial constraint on MariaDB/MySQL — see :mod:`django_taskclaim.concurrency`
+- E040 ``ClaimMeta.archive`` cannot take the model's finished rows (unknown model,
+  missing columns, foreign keys pointing at the model) — see :mod:`django_taskclaim.archive`
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from django.core import checks
 from django.db import connections, router
 
 from . import bounds
+from .archive import archive_problems
 from .backends import for_engine
 from .conf import CHECK_TAG, PREFIX, taskclaim_settings
 from .exceptions import TaskClaimError
@@ -166,6 +169,11 @@ def check_models(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                     id="taskclaim.W001",
                 )
             )
+        try:
+            archive = archive_problems(model)
+        except TaskClaimError as exc:
+            archive = [str(exc)]
+        errors.extend(checks.Error(p, obj=model, id="taskclaim.E040") for p in archive)
         try:
             handler = opts.handler()
         except TaskClaimError as exc:

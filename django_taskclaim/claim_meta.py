@@ -52,6 +52,7 @@ _STATIC = (
     "atomic",
     "concurrency_key",
     "concurrency_limit",
+    "archive",
 )
 #: The field a model with ``concurrency_limit > 1`` keeps its slot number in.
 SLOT_FIELD = "concurrency_slot"

@@ -36,7 +36,7 @@ from .claim_meta import CLAIM_STATE_FIELDS as CLAIM_STATE_FIELDS
 from .claim_meta import OPTIONAL_FIELDS as OPTIONAL_FIELDS
 from .claim_meta import SLOT_FIELD as SLOT_FIELD
 from .conf import PREFIX, taskclaim_settings
-from .exceptions import ConfigurationError
+from .exceptions import ConfigurationError, NotClaimableError
 from .strategies import STRATEGY_NAMES
 from .types import Claimable
 
@@ -99,6 +99,35 @@ class ClaimOptions:
                 f"{self.label} ClaimMeta.atomic must be True or False, got {value!r}"
             )
         return value
+
+    @cached_property
+    def archive(self) -> type[models.Model] | None:
+        """``ClaimMeta.archive``: the model (``"app_label.Model"`` or the class) that
+        :func:`~django_taskclaim.archive.archive_finished` moves this model's finished
+        rows to, or ``None`` when it declares none (``taskclaim_prune`` then deletes)."""
+        value = getattr(self._s.meta, "archive", None)
+        if value is None:
+            return None
+        target: Any = value
+        if isinstance(value, str):
+            try:
+                target = apps.get_model(value)
+            except (LookupError, ValueError):
+                raise ConfigurationError(
+                    f"{self.label} ClaimMeta.archive {value!r} is not an installed model; "
+                    "write it as 'app_label.ModelName'"
+                ) from None
+        if not (isinstance(target, type) and issubclass(target, models.Model)):
+            raise ConfigurationError(
+                f"{self.label} ClaimMeta.archive must be a model or 'app_label.ModelName', "
+                f"got {value!r}"
+            )
+        if target is self.model or target._meta.db_table == self.model._meta.db_table:
+            raise ConfigurationError(
+                f"{self.label} ClaimMeta.archive names the model itself; "
+                "it must be another table (django_taskclaim.archive.archive_of builds one)"
+            )
+        return target
 
     def has(self, field: str) -> bool:
         """Whether the model has the optional bookkeeping field ``field``."""
@@ -231,14 +260,20 @@ def retry_delay(attempts: int, *, base: float, cap: float, jitter: float) -> flo
 def get_options(model: type[models.Model] | models.Model | Claimable) -> ClaimOptions:
     """Return the validated :class:`ClaimOptions` of a claimable model.
 
-    Raises :class:`NotClaimableError` if the model lacks the claim fields and
-    :class:`ConfigurationError` if its ``ClaimMeta`` is invalid.
+    Raises :class:`NotClaimableError` if the model lacks the claim fields or is an
+    archive (:func:`is_archive`) and :class:`ConfigurationError` if its ``ClaimMeta`` is
+    invalid.
     """
     cls = cast(type[models.Model], model if isinstance(model, type) else type(model))
     if cls._meta.proxy:
         cls = cast(type[models.Model], cls._meta.concrete_model)
     options = _cache.get(cls)
     if options is None:
+        if is_archive(cls):
+            raise NotClaimableError(
+                f"{_label(cls)} is an archive of finished rows (ClaimMeta.archive); "
+                "its rows are never claimed"
+            )
         options = _cache[cls] = ClaimOptions(_build_static(cls))
     return options
 
@@ -252,10 +287,34 @@ setting_changed.connect(_settings_changed, dispatch_uid="django_taskclaim.option
 
 
 def is_claimable(model: type[models.Model]) -> bool:
-    """Whether ``model`` has the fields needed to be claimed."""
+    """Whether ``model`` has the fields needed to be claimed (and is not an archive:
+    :func:`is_archive`)."""
     names = {f.name for f in model._meta.concrete_fields}
     status = getattr(getattr(model, "ClaimMeta", None), "status_field", "status")
-    return all(f in names for f in REQUIRED_FIELDS) and status in names
+    has_fields = all(f in names for f in REQUIRED_FIELDS) and status in names
+    return has_fields and not is_archive(model)
+
+
+def _archive_label(model: type[models.Model]) -> str | None:
+    value = getattr(getattr(model, "ClaimMeta", None), "archive", None)
+    if isinstance(value, str):
+        return value.lower()
+    if isinstance(value, type) and issubclass(value, models.Model):
+        return value._meta.label_lower
+    return None
+
+
+def is_archive(model: type[models.Model]) -> bool:
+    """Whether ``model`` keeps another model's finished rows: built by
+    :func:`~django_taskclaim.archive.archive_of`, or named in some installed model's
+    ``ClaimMeta.archive``. Its rows are history: it is never claimed, though it has the
+    claim fields."""
+    if getattr(model, "taskclaim_archive_of", None):
+        return True
+    if not apps.ready:
+        return False
+    label = model._meta.label_lower
+    return any(_archive_label(m) == label for m in apps.get_models() if m is not model)
 
 
 def claimable_models() -> Iterator[type[models.Model]]:

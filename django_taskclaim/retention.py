@@ -1,4 +1,5 @@
-"""Retention: deleting old finished rows (``manage.py taskclaim_prune``).
+"""Retention: deleting old finished rows (``manage.py taskclaim_prune``), or moving them
+to the model's archive (:mod:`django_taskclaim.archive`).
 
 :func:`prune` deletes one model's finished rows older than an age, in short batches
 that re-check state and age on the database's clock; :func:`prune_models` does it for
@@ -18,6 +19,7 @@ from django.db import models, router
 from django.db.models import Q
 
 from . import bounds
+from .archive import archive_finished
 from .db import DbNow
 from .exceptions import ConfigurationError
 from .options import claimable_models, get_options
@@ -50,6 +52,9 @@ class PruneResult:
     per_model: dict[str, int] = field(default_factory=dict)
     dry_run: bool = False
     skipped: list[str] = field(default_factory=list)
+    #: model label → its archive's label, for the models whose rows were moved there
+    #: (``ClaimMeta.archive``) instead of deleted
+    archived: dict[str, str] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -121,8 +126,10 @@ def prune_models(
 ) -> PruneResult:
     """:func:`prune` each of ``models_``, or (none named) every claimable model.
 
-    A named model without ``finished_at`` raises :class:`ConfigurationError`; when
-    every claimable model is pruned, such a model is listed in ``skipped`` instead.
+    A model that declares ``ClaimMeta.archive`` has its rows moved there instead
+    (:func:`~django_taskclaim.archive.archive_finished`), listed in ``archived``. A
+    named model without ``finished_at`` raises :class:`ConfigurationError`; when every
+    claimable model is pruned, such a model is listed in ``skipped`` instead.
     """
     result = PruneResult(dry_run=dry_run)
     for model in models_ or list(claimable_models()):
@@ -135,7 +142,10 @@ def prune_models(
                 )
             result.skipped.append(opts.label)
             continue
-        result.per_model[opts.label] = prune(
+        target = opts.archive
+        if target is not None:
+            result.archived[opts.label] = target._meta.label
+        result.per_model[opts.label] = (prune if target is None else archive_finished)(
             model,
             older_than=older_than,
             states=states,

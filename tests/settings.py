@@ -107,6 +107,7 @@ INSTALLED_APPS = [
     "tests.keyedapp",
     "tests.asyncapp",
     "tests.outboxapp",
+    "tests.archiveapp",
 ]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

@@ -17,7 +17,8 @@ from django_taskclaim.status import TERMINAL_STATES
 class Command(BaseCommand):
     help = (
         "Delete finished rows (done and cancelled by default) whose finished_at is older "
-        "than --older-than, in short batches. Use --dry-run to only count them."
+        "than --older-than, in short batches; a model that declares ClaimMeta.archive has "
+        "them moved to its archive table instead. Use --dry-run to only count them."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -65,11 +66,20 @@ class Command(BaseCommand):
             )
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from None
-        verb = "would delete" if options["dry_run"] else "deleted"
+        dry = options["dry_run"]
         for label in result.skipped:
             self.stdout.write(f"{label}: skipped (no finished_at field)")
         for label, n in result.per_model.items():
-            self.stdout.write(f"{label}: {verb} {n} row(s)")
+            archive = result.archived.get(label)
+            if archive is None:
+                self.stdout.write(f"{label}: {'would delete' if dry else 'deleted'} {n} row(s)")
+            else:
+                verb = "would move" if dry else "moved"
+                self.stdout.write(f"{label}: {verb} {n} row(s) to {archive}")
+        if result.archived:
+            verb = "would prune" if dry else "pruned"
+        else:
+            verb = "would delete" if dry else "deleted"
         self.stdout.write(
             f"total: {verb} {result.total} row(s) finished more than {options['older_than']} ago"
         )
