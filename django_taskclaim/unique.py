@@ -173,6 +173,29 @@ class UniqueKey:
         return str(self.model._meta.db_table)
 
 
+class SparseUniqueConstraint(models.UniqueConstraint):
+    """A ``UniqueConstraint`` over one mostly-``NULL`` column (an :class:`ActiveKeyField`),
+    indexed only where the column is set on the databases that have partial indexes.
+
+    ``NULL`` never collides, so ``WHERE <column> IS NOT NULL`` changes nothing the
+    constraint allows; it keeps the rows without a key (and every finished row) out of
+    the index, so the writes of a claim and a completion do not each add an index entry
+    for them. On PostgreSQL and SQLite that is a partial unique index; on MariaDB / MySQL
+    (no partial indexes; ``NULL`` entries are cheap there) the plain unique constraint.
+    Declared without a condition, it passes check E030 as a plain one does::
+
+        constraints = [SparseUniqueConstraint(fields=["active_dedupe_key"], name="…")]
+    """
+
+    def _get_condition_sql(self, model: Any, schema_editor: Any) -> str | None:
+        if self.condition is not None or len(self.fields) != 1:
+            return super()._get_condition_sql(model, schema_editor)  # type: ignore[misc]
+        if not schema_editor.connection.features.supports_partial_indexes:
+            return None
+        column = model._meta.get_field(self.fields[0]).column
+        return f"{schema_editor.quote_name(column)} IS NOT NULL"
+
+
 def active_key_fields(model: type[models.Model]) -> list[ActiveKeyField]:
     """The :class:`ActiveKeyField` s of ``model``."""
     return [f for f in model._meta.concrete_fields if isinstance(f, ActiveKeyField)]

@@ -225,3 +225,20 @@ def test_failed_for_good_and_unresolved_starts_send_a_full_result():
 def test_the_sender_of_an_alias_no_longer_configured_is_the_backend_class():
     assert announce.sender("gone") is TaskClaimBackend
     assert announce.backend_for("gone") is None
+
+
+def test_task_ids_are_version_7_uuids_in_enqueue_order():
+    import time
+
+    from django_taskclaim.contrib.tasks.models import time_ordered_uuid
+
+    before = time.time_ns() // 1_000_000
+    ids = [time_ordered_uuid() for _ in range(2000)]
+    after = time.time_ns() // 1_000_000
+    assert {i.version for i in ids} == {7}
+    assert {i.variant for i in ids} == {"specified in RFC 4122"}
+    assert len(set(ids)) == len(ids)
+    stamps = [int.from_bytes(i.bytes[:6], "big") for i in ids]
+    assert before <= stamps[0] <= stamps[-1] <= after
+    assert stamps == sorted(stamps)  # a later millisecond sorts later
+    assert QueuedTask._meta.pk.default is time_ordered_uuid

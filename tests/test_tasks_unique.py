@@ -219,3 +219,35 @@ def test_counts_by_state_ignore_the_new_columns() -> None:
     enqueue_unique(ex.process_data, "b", {})
     enqueue_unique(ex.process_data, "a", {})
     assert Counter(QueuedTask.objects.values_list("status", flat=True)) == {"ready": 2}
+
+
+def _index_sql(name: str) -> str:
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s", [name])
+        elif connection.vendor == "sqlite":
+            cursor.execute("SELECT sql FROM sqlite_master WHERE name = %s", [name])
+        else:
+            cursor.execute(
+                "SELECT GROUP_CONCAT(non_unique, ':', column_name) FROM information_schema"
+                ".statistics WHERE table_schema = DATABASE() AND index_name = %s",
+                [name],
+            )
+        return str(cursor.fetchone()[0])
+
+
+def test_the_active_key_index_holds_only_rows_with_a_key():
+    """Partial where the database has partial indexes (rows without a key, and finished
+    rows, add no entry on every write); a plain unique index on MariaDB / MySQL."""
+    sql = _index_sql("tctask_active_unique_key")
+    if connection.features.supports_partial_indexes:
+        assert "UNIQUE" in sql.upper()
+        assert "active_unique_key IS NOT NULL" in sql.replace('"', "")
+    else:
+        assert sql == "0:active_unique_key"
+    # Still the arbiter: a second active row with the key is refused by the database.
+    _row, created = QueuedTask.objects.enqueue_unique(unique_key="k", task_path="x.y")
+    assert created
+    with pytest.raises(IntegrityError), transaction.atomic():
+        QueuedTask.objects.create(unique_key="k", task_path="x.y")
+    assert check_unique_keys() == []

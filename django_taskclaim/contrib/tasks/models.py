@@ -6,6 +6,8 @@ worker runs them through :func:`django_taskclaim.contrib.tasks.runner.execute`.
 
 from __future__ import annotations
 
+import os
+import time
 import uuid
 
 from django.db import models
@@ -15,7 +17,7 @@ from django.utils.translation import gettext_lazy as _
 from django_taskclaim.conf import taskclaim_settings
 from django_taskclaim.mixins import ClaimableModel, claim_indexes
 from django_taskclaim.status import Status
-from django_taskclaim.unique import ActiveKeyField
+from django_taskclaim.unique import ActiveKeyField, SparseUniqueConstraint
 
 #: Highest ``max_attempts`` a task may have. It is also the model-level budget the
 #: reaper applies, so that each row's own ``max_attempts`` (checked when the row is
@@ -26,6 +28,18 @@ MAX_ATTEMPTS_CEILING = 1000
 def default_max_attempts() -> int:
     """``TASKCLAIM_MAX_ATTEMPTS``: the budget of rows inserted without the backend."""
     return int(taskclaim_settings.MAX_ATTEMPTS)
+
+
+def time_ordered_uuid() -> uuid.UUID:
+    """A version-7 UUID (RFC 9562): 48 bits of Unix milliseconds, the version and
+    variant bits, then 74 random bits. A task enqueued later gets a larger id, so the
+    primary-key index is appended to instead of written at random pages (what a random
+    UUID does to every insert); ids stay unguessable and unique across hosts."""
+    millis = time.time_ns() // 1_000_000 & (1 << 48) - 1
+    rand = int.from_bytes(os.urandom(10), "big")
+    rand_a = rand >> 68 & 0xFFF
+    rand_b = rand & (1 << 62) - 1
+    return uuid.UUID(int=millis << 80 | 0x7 << 76 | rand_a << 64 | 0b10 << 62 | rand_b)
 
 
 #: Longest queue name and backend alias that fit their columns.
@@ -48,7 +62,7 @@ class QueuedTask(ClaimableModel):
     runs first).
     """
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=time_ordered_uuid, editable=False)
     task_path = models.CharField(_("task"), max_length=255)
     args = models.JSONField(_("positional arguments"), default=list, blank=True)
     kwargs = models.JSONField(_("keyword arguments"), default=dict, blank=True)
@@ -100,8 +114,9 @@ class QueuedTask(ClaimableModel):
             ),
         ]
         constraints = [
-            # enqueue_unique(): one ready-or-processing task per key, on every database.
-            models.UniqueConstraint(fields=["active_unique_key"], name="tctask_active_unique_key"),
+            # enqueue_unique(): one ready-or-processing task per key, on every database;
+            # rows without a key stay out of the index where partial indexes exist.
+            SparseUniqueConstraint(fields=["active_unique_key"], name="tctask_active_unique_key"),
         ]
 
     def __str__(self) -> str:
