@@ -28,6 +28,7 @@ from django.db.models import GeneratedField, Q
 from django.db.models.fields import AutoFieldMixin
 
 from . import bounds
+from .backends import for_connection
 from .db import DbNow, retry_transient
 from .exceptions import ConfigurationError
 from .options import get_options
@@ -258,20 +259,18 @@ def _move_batch(
         select = base.filter(pk__in=pks).filter(cond).order_by()
         select = select.values_list(*[f.attname for f in fields])
         select_sql, select_params = select.query.get_compiler(db).as_sql()
-        columns = ", ".join(qn(str(f.column)) for f in fields)
-        marks = ", ".join(["%s"] * len(pks))
+        vendor = for_connection(connection)
+        copy = vendor.copy_rows_sql(
+            qn(target._meta.db_table), [qn(str(f.column)) for f in fields], select_sql
+        )
+        delete = vendor.delete_by_pk_sql(
+            qn(model._meta.db_table), qn(str(pk_field.column)), len(pks)
+        )
         keys = [pk_field.get_db_prep_value(pk, connection) for pk in pks]
         with connection.cursor() as cursor:
-            cursor.execute(
-                f"INSERT INTO {qn(target._meta.db_table)} ({columns}) {select_sql}",
-                select_params,
-            )
+            cursor.execute(copy, select_params)
             copied = cursor.rowcount
-            cursor.execute(
-                f"DELETE FROM {qn(model._meta.db_table)} "
-                f"WHERE {qn(str(pk_field.column))} IN ({marks})",
-                keys,
-            )
+            cursor.execute(delete, keys)
             deleted = cursor.rowcount
         if copied != deleted or deleted != len(pks):
             raise ConfigurationError(

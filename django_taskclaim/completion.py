@@ -24,7 +24,7 @@ from .backends import for_alias
 from .db import DbNow, retry_transient
 from .exceptions import ConfigurationError
 from .options import get_options
-from .strategies import complete_many_in_one
+from .strategies import complete_many_in_one, status_recheck
 from .types import Claimable
 from .writes import _db
 
@@ -146,7 +146,7 @@ def _complete_chunk(model: type[models.Model], using: str, tasks: list[Any]) -> 
         target = (
             base.filter(pk__in=list(tokens))
             .filter(_tokens_match(model, using, tokens))
-            .filter(opts.status_q("processing"))
+            .filter(status_recheck(opts, "processing", using))
         )
 
         def write() -> int:

@@ -22,7 +22,7 @@ from . import bounds, lifecycle, signals
 from .db import DbNow, default_worker_id, in_user_atomic, retry_transient
 from .exceptions import ClaimInTransactionError, ConfigurationError
 from .options import ClaimOptions, get_options
-from .strategies import resolve, validate_lease
+from .strategies import resolve, status_recheck, validate_lease
 from .unique import insert_unique
 
 if TYPE_CHECKING:
@@ -265,7 +265,7 @@ class ClaimQuerySetMixin(_QuerySetBase):
         for t in tasks:
             cond |= Q(pk=t.pk, version=t.version)
         base = self.model._base_manager.using(self.db)
-        fenced = base.filter(cond).filter(opts.status_q("processing"))
+        fenced = base.filter(cond).filter(status_recheck(opts, "processing", self.db))
         n = retry_transient(
             lambda: fenced.update(locked_until=DbNow() + timedelta(seconds=lease)),
             self.db,

@@ -27,7 +27,7 @@ from .completion import PENDING_ATTR, _pending
 from .db import DbNow, retry_transient
 from .exceptions import ClaimLost
 from .options import get_options
-from .strategies import validate_lease
+from .strategies import status_recheck, validate_lease
 from .types import Claimable, model_of
 from .writes import _check_fields, _db, format_error
 
@@ -77,7 +77,7 @@ def _fenced_update(
         model_of(task)
         ._base_manager.using(using)
         .filter(pk=task.pk, version=task.version)
-        .filter(opts.status_q("processing"))
+        .filter(status_recheck(opts, "processing", using))
     )
     hit = retry_transient(
         lambda: qs.update(**values), using, what=f"{to_state or 'lease'} {opts.label}"
@@ -215,7 +215,7 @@ def fenced(task: Claimable, *, using: str | None = None, complete: bool = False)
                 model_of(task)
                 ._base_manager.using(using)
                 .filter(pk=task.pk, version=task.version)
-                .filter(opts.status_q("processing"))
+                .filter(status_recheck(opts, "processing", using))
                 .update(locked_until=F("locked_until"))
             )
             if hit != 1:

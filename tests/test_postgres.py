@@ -39,6 +39,55 @@ def test_claim_plan_uses_partial_index_on_large_table():
     assert "Seq Scan" not in plan, plan
 
 
+def _plan_of_the_claim_and_completion(strategy: str) -> tuple[str, str]:
+    """EXPLAIN of the claim statement ``claim()`` sends, and of the batched completion's,
+    each in a transaction rolled back."""
+    with CaptureQueriesContext(connection) as seen:
+        claimed = Document.objects.claim(5, strategy=strategy)
+        assert len(claimed) == 5
+        Document.objects.complete_many(claimed)
+    # The claim's UPDATE (one statement; the first of the compare-and-set ones), and
+    # the completion (the last statement).
+    writes = [q["sql"] for q in seen.captured_queries if q["sql"].startswith(("WITH", "UPDATE"))]
+    claim, complete = writes[0], writes[-1]
+    plans = []
+    for sql in (claim, complete):
+        with connection.cursor() as cur:
+            cur.execute("BEGIN")
+            cur.execute(f"EXPLAIN {sql}")
+            plans.append("\n".join(r[0] for r in cur.fetchall()))
+            cur.execute("ROLLBACK")
+    return plans[0], plans[1]
+
+
+@pytest.mark.parametrize("strategy", ["skip_locked", "cas"])
+def test_stale_statistics_do_not_turn_the_claim_into_a_scan_of_every_ready_row(strategy):
+    """Statistics taken while no row was ready (a large history, the queue empty), then a
+    backlog: the claim's UPDATE must still find its rows by primary key. With a plain
+    ``status = 'ready'`` re-check the planner scanned the whole partial claim index for
+    each claim (it believes that index holds one row): quadratic drain."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO testapp_document (title, kind, payload, result, status, version, "
+            "locked_by, attempts, priority, last_error) "
+            "SELECT 'd' || g, '', '{}', '', 'done', 1, '', 1, 0, '' "
+            "FROM generate_series(1, 200000) g"
+        )
+        cur.execute("ANALYZE testapp_document")  # no row ready, none processing
+        cur.execute(
+            "INSERT INTO testapp_document (title, kind, payload, result, status, version, "
+            "locked_by, attempts, priority, last_error) "
+            "SELECT 'r' || g, '', '{}', '', 'ready', 0, '', 0, 0, '' "
+            "FROM generate_series(1, 5000) g"
+        )
+    claim, complete = _plan_of_the_claim_and_completion(strategy)
+    # The row to update is looked up by the primary key, never found by the claim index.
+    assert "testapp_document_pkey" in claim, claim
+    assert claim.count("testapp_document_claim") <= 1, claim  # the candidates' scan only
+    assert "testapp_document_lease" not in complete, complete
+    assert "testapp_document_pkey" in complete, complete
+
+
 def test_round_trips_claim_one_complete_one():
     Document.objects.bulk_create([Document() for _ in range(20)])
     with CaptureQueriesContext(connection) as q:

@@ -100,6 +100,8 @@ class ClaimColumns:
     locked_by: str | None
     finished_at: str | None
     returning: str
+    #: The status column's type for a ``CAST`` (``varchar(16)``, ``smallint``, …).
+    status_type: str = "text"
 
 
 class DatabaseSQL:
@@ -185,6 +187,23 @@ class DatabaseSQL:
     #: Whether a unique constraint with a condition (a partial unique index) is enforced
     #: here; MySQL / MariaDB have no partial indexes and skip such a constraint.
     partial_unique_constraints: ClassVar[bool] = False
+
+    def copy_rows_sql(self, table: str, columns: Sequence[str], select_sql: str) -> str:
+        """``INSERT INTO <table> (<columns>) <select>``: the copy of an archive move
+        (:mod:`django_taskclaim.archive`); ``table`` and ``columns`` quoted, the SELECT
+        compiled by the ORM (its parameters are the statement's)."""
+        return f"INSERT INTO {table} ({', '.join(columns)}) {select_sql}"
+
+    def delete_by_pk_sql(self, table: str, pk: str, n: int) -> str:
+        """``DELETE FROM <table> WHERE <pk> IN (%s, …)`` for ``n`` keys, without the ORM's
+        cascade collection (the archive refuses models other rows point at)."""
+        return f"DELETE FROM {table} WHERE {pk} IN ({', '.join(['%s'] * int(n))})"
+
+    def opaque_param_sql(self, db_type: str) -> str:
+        """SQL for one parameter that the planner must not treat as a constant, so that
+        a status re-check written with it never makes a partial index look usable (see
+        the PostgreSQL version); plain ``%s`` where planners need no such care."""
+        return "%s"
 
     def claim(
         self,

@@ -77,6 +77,23 @@ class PostgreSQL(DatabaseSQL):
     #: Run first in the transaction of the ``serializable`` strategy.
     serializable_sql: ClassVar[str] = "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"
 
+    def opaque_param_sql(self, db_type: str) -> str:
+        """``(SELECT CAST(%s AS <type>))``: for the status re-check of a write that finds
+        its rows by primary key (a claim's UPDATE, a completion).
+
+        In a one-row sub-select the value is a parameter to the planner, not a constant,
+        so it cannot prove a partial claim/lease index's ``WHERE status = …`` from it.
+        Written as a plain ``status = 'ready'`` the planner may scan that partial index
+        for the row instead of looking the primary key up — and it does whenever the
+        statistics say the state is rare (a large table of finished rows analysed while
+        the queue was empty): every claim then reads every ready row, and a backlog
+        drains in quadratic time. The re-check still applies to the newest row version
+        (PostgreSQL re-evaluates it after waiting on a concurrent writer)."""
+        return f"(SELECT CAST(%s AS {db_type}))"
+
+    def _status_is(self, c: ClaimColumns) -> str:
+        return f"{c.table}.{c.status} = {self.opaque_param_sql(c.status_type)}"
+
     def claim(
         self,
         c: ClaimColumns,
@@ -112,7 +129,7 @@ class PostgreSQL(DatabaseSQL):
         sql = (
             f'WITH {cte}("pk", "prev") AS MATERIALIZED ({candidates.sql}) '
             f"UPDATE {c.table} SET {', '.join(sets)} FROM {cte} "
-            f'WHERE {c.table}.{c.pk} = {cte}."pk" AND {c.table}.{c.status} = %s '
+            f'WHERE {c.table}.{c.pk} = {cte}."pk" AND {self._status_is(c)} '
             f'RETURNING {c.returning}, {cte}."prev" IS NOT NULL'
         )
         return Statement(sql, tuple(params))
@@ -195,7 +212,7 @@ class PostgreSQL(DatabaseSQL):
         sql = (
             f"WITH {', '.join(parts)} "
             f"UPDATE {c.table} SET {', '.join(sets)} FROM {picked} "
-            f'WHERE {c.table}.{c.pk} = {picked}."pk" AND {c.table}.{c.status} = %s '
+            f'WHERE {c.table}.{c.pk} = {picked}."pk" AND {self._status_is(c)} '
             f'RETURNING {c.returning}, {picked}."prev" IS NOT NULL'
         )
         return Statement(sql, tuple(params))
@@ -232,7 +249,7 @@ class PostgreSQL(DatabaseSQL):
             f"UPDATE {c.table} SET {', '.join(sets)} "
             f"FROM unnest({', '.join(arrays)}) AS {t}({', '.join(aliases)}) "
             f'WHERE {c.table}.{c.pk} = {t}."pk" AND {c.table}.{c.version} = {t}."token" '
-            f"AND {c.table}.{c.status} = %s"
+            f"AND {self._status_is(c)}"
         )
 
     # -------------------------------------------------------------------- wake-ups

@@ -29,6 +29,7 @@ from .base import (
     claim_order,
     claim_updates,
     column,
+    status_recheck,
     was_recovered,
 )
 from .cas import CompareAndSet, read_claimed
@@ -56,6 +57,7 @@ __all__ = [
     "complete_many_in_one",
     "read_claimed",
     "resolve",
+    "status_recheck",
     "validate_lease",
     "was_recovered",
 ]

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, models
 from django.db.models import F, Q
+from django.db.models.expressions import RawSQL
 
 from ..backends import ClaimColumns, for_alias, for_connection
 from ..db import DbNow
@@ -148,7 +149,20 @@ def claim_columns(model: type[models.Model], opts: ClaimOptions, conn: Any) -> C
         locked_by=column(model, "locked_by", qn) if opts.has("locked_by") else None,
         finished_at=column(model, "finished_at", qn) if opts.has("finished_at") else None,
         returning=", ".join(f"{table}.{qn(f.column)}" for f in model._meta.concrete_fields),
+        status_type=str(
+            cast(models.Field, model._meta.get_field(opts.status_field)).cast_db_type(conn)
+        ),
     )
+
+
+def status_recheck(opts: ClaimOptions, state: str, using: str) -> Q:
+    """``status = <state>`` for a write that finds its row by primary key, written so
+    that no planner takes it for a reason to scan a partial index (see
+    :meth:`~django_taskclaim.backends.base.DatabaseSQL.opaque_param_sql`)."""
+    field = cast(models.Field, opts.model._meta.get_field(opts.status_field))
+    conn = connections[using]
+    sql = for_connection(conn).opaque_param_sql(str(field.cast_db_type(conn)))
+    return Q(**{opts.status_field: RawSQL(sql, [opts.value(state)], output_field=field)})
 
 
 def claim_order(opts: ClaimOptions, using: str) -> tuple[str, ...]:

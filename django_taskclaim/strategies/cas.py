@@ -19,6 +19,7 @@ from .base import (
     candidates,
     claim_updates,
     read_claimed,
+    status_recheck,
 )
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ class CompareAndSet(Strategy):
         base = qs.model._base_manager.using(qs.db)
         k = max(n, int(taskclaim_settings.CAS_CANDIDATES))
         updates = claim_updates(opts, lease, worker)
+        recheck = status_recheck(opts, "ready", qs.db)
         won: dict[Any, int] = {}  # pk -> the token this claim wrote
         recovered: set[Any] = set()
         for _round in range(8):
@@ -104,11 +106,7 @@ class CompareAndSet(Strategy):
             while rows and len(won) < n:
                 index = random.randrange(len(rows)) if collided else 0
                 pk, version, prev = rows.pop(index)
-                hit = (
-                    base.filter(pk=pk, version=version)
-                    .filter(opts.status_q("ready"))
-                    .update(**updates)
-                )
+                hit = base.filter(pk=pk, version=version).filter(recheck).update(**updates)
                 if hit == 1:
                     won[pk] = version + 1
                     if prev is not None:

@@ -28,7 +28,14 @@ from ..claim_meta import SLOT_FIELD
 from ..conf import taskclaim_settings
 from ..db import DbNow
 from ..exceptions import StrategyNotSupportedError
-from .base import _mark_recovered, _sort, apply_claim, claim_columns, read_claimed
+from .base import (
+    _mark_recovered,
+    _sort,
+    apply_claim,
+    claim_columns,
+    read_claimed,
+    status_recheck,
+)
 from .key_slots import _GUARDS as _GUARDS
 from .key_slots import (
     _ahead,
@@ -279,7 +286,7 @@ def claim_compare_and_set(
         try:
             hit = (
                 base.filter(pk=pk, version=version)
-                .filter(opts.status_q("ready"))
+                .filter(status_recheck(opts, "ready", qs.db))
                 .update(**_updates(opts, lease, worker, s))
             )
         except IntegrityError as exc:
