@@ -35,7 +35,7 @@ from .archive import archive_problems
 from .backends import for_engine
 from .conf import CHECK_TAG, PREFIX, taskclaim_settings
 from .exceptions import TaskClaimError
-from .options import claimable_models, get_options
+from .options import checked_models, get_options
 from .strategies import resolve
 
 #: The tag of every django-taskclaim check: ``manage.py check --tag taskclaim`` runs them
@@ -130,9 +130,7 @@ def claim_index_present(model: Any, status_field: str) -> bool:
 @checks.register(checks.Tags.models, TAG)
 def check_models(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
-    for model in claimable_models():
-        if app_configs is not None and model._meta.app_config not in app_configs:
-            continue
+    for model in checked_models(app_configs):
         try:
             opts = get_options(model)
             lease = opts.lease

@@ -33,7 +33,7 @@ from django.utils.translation import gettext_lazy as _
 from .backends import for_engine
 from .conf import CHECK_TAG
 from .exceptions import TaskClaimError
-from .options import SLOT_FIELD, ClaimOptions, claimable_models, get_options
+from .options import SLOT_FIELD, ClaimOptions, checked_models, get_options
 from .status import Status
 
 __all__ = [
@@ -204,9 +204,7 @@ def check_concurrency_keys(app_configs: Any = None, **kwargs: Any) -> list[check
     constraint enforcing it; ``taskclaim.E033``: its constraint is partial and its
     database ignores partial constraints (MariaDB / MySQL)."""
     errors: list[checks.CheckMessage] = []
-    for model in claimable_models():
-        if app_configs is not None and model._meta.app_config not in app_configs:
-            continue
+    for model in checked_models(app_configs):
         try:
             opts = get_options(model)
         except TaskClaimError:

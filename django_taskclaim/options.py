@@ -327,6 +327,14 @@ def claimable_models() -> Iterator[type[models.Model]]:
             yield model
 
 
+def checked_models(app_configs: Any = None) -> Iterator[type[models.Model]]:
+    """The claimable models a system check looks at: every one (``app_configs`` is
+    ``None``), or those of the given app configs (``manage.py check <app>``)."""
+    for model in claimable_models():
+        if app_configs is None or model._meta.app_config in app_configs:
+            yield model
+
+
 def resolve_model(label: str) -> type[models.Model]:
     """Return the claimable model named ``app_label.ModelName`` or raise a clear error."""
     if not isinstance(label, str) or label.count(".") != 1:

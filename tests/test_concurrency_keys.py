@@ -124,7 +124,7 @@ def test_check_refuses_a_key_without_constraint(monkeypatch):
             concurrency_key = "k"
 
     monkeypatch.setattr(
-        "django_taskclaim.concurrency.claimable_models", lambda: iter([Loose, Wide, Tight])
+        "django_taskclaim.concurrency.checked_models", lambda _configs: iter([Loose, Wide, Tight])
     )
     found = check_concurrency_keys()
     by_model = {m.obj: m for m in found}
