@@ -93,6 +93,10 @@ INSTALLED_APPS = ["django_taskclaim", "benchmarks.benchapp"]
 SILENCED_SYSTEM_CHECKS = ["models.W037"]
 TASKCLAIM_STRATEGY = os.environ.get("TASKCLAIM_BENCH_STRATEGY", "auto")
 TASKCLAIM_NOTIFY = os.environ.get("TASKCLAIM_BENCH_NOTIFY", "1") != "0"
+# A/B of the claim gate: a number of rows, or "off".
+if "TASKCLAIM_BENCH_CLAIM_GATE" in os.environ:
+    _gate = os.environ["TASKCLAIM_BENCH_CLAIM_GATE"]
+    TASKCLAIM_CLAIM_GATE = None if _gate == "off" else int(_gate)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -43,6 +43,7 @@ SETTINGS: dict[str, Bound] = {
     "RETRY_BACKOFF_MAX": Bound(0.0, 365 * DAY),
     "RETRY_JITTER": Bound(0.0, 1.0),
     "CAS_CANDIDATES": Bound(1, 10_000, whole=True),
+    "CLAIM_GATE": Bound(1, 100_000, whole=True),
     "DB_RETRIES": Bound(0, 1000, whole=True),
     "REAP_BATCH": Bound(1, 100_000, whole=True),
     "REAP_INTERVAL": Bound(0.1, DAY),
@@ -52,12 +53,16 @@ SETTINGS: dict[str, Bound] = {
     "WORKER_SILENT_AFTER": Bound(1.0, MAX_LEASE),
 }
 
+#: Settings whose ``None`` means "not set" (a default derived elsewhere, or "never").
+NONE_ALLOWED = frozenset({"HEARTBEAT_INTERVAL", "CLAIM_GATE"})
+
 #: ``ClaimMeta`` options and the arguments of ``claim()`` / ``extend_lease()``: the same
 #: ranges as the settings they fall back to.
 LEASE = SETTINGS["LEASE"]
 MAX_ATTEMPTS = SETTINGS["MAX_ATTEMPTS"]
 RETRY_BACKOFF = SETTINGS["RETRY_BACKOFF"]
 RETRY_JITTER = SETTINGS["RETRY_JITTER"]
+CLAIM_GATE = SETTINGS["CLAIM_GATE"]
 
 #: ``manage.py worker`` options (and :meth:`~django_taskclaim.worker.WorkerConfig.build`).
 WORKER: dict[str, Bound] = {
@@ -142,8 +147,8 @@ def number(
 
 def setting_problem(name: str, value: Any) -> str | None:
     """Why the value of ``TASKCLAIM_<name>`` is out of :data:`SETTINGS`' bounds, or
-    ``None`` if it is fine (``HEARTBEAT_INTERVAL`` may also be ``None``)."""
-    if value is None and name == "HEARTBEAT_INTERVAL":
+    ``None`` if it is fine (``HEARTBEAT_INTERVAL`` and ``CLAIM_GATE`` may also be ``None``)."""
+    if value is None and name in NONE_ALLOWED:
         return None
     try:
         number(value, name, SETTINGS[name])

@@ -43,6 +43,7 @@ _LIVE = {
     "retry_jitter": "RETRY_JITTER",
     "strategy": "STRATEGY",
     "notify": "NOTIFY",
+    "claim_gate": "CLAIM_GATE",
 }
 _STATIC = (
     "ordering",

@@ -29,6 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "RETRY_BACKOFF_MAX": 3600.0,  # cap of the exponential backoff, seconds
     "RETRY_JITTER": 0.25,  # +/- fraction of random jitter applied to the backoff
     "CAS_CANDIDATES": 16,  # rows read per round by the cas strategy
+    "CLAIM_GATE": 50,  # claims of this many rows or more take turns per table; None = never
     "DB_RETRIES": 10,  # retries of deadlocks / serialization failures / "database is locked"
     # Recovery
     "REAP_BATCH": 1000,  # rows per reaper statement

@@ -48,7 +48,7 @@ class ClaimOptions:
 
     Static parts (fields, statuses, ordering) are validated when it is built; each
     option that falls back to a ``TASKCLAIM_*`` setting (lease, attempts, backoff,
-    strategy, notify, atomic) is read from ``ClaimMeta`` or the setting and validated on
+    strategy, notify, claim gate, atomic) is read from ``ClaimMeta`` or the setting and validated on
     first use, then kept. A change of any ``TASKCLAIM_*`` setting (``override_settings``,
     Django's ``setting_changed``) drops every model's options, so the next
     :func:`get_options` reads them again. An invalid option raises
@@ -187,6 +187,16 @@ class ClaimOptions:
     @cached_property
     def notify(self) -> bool:
         return bool(self._get("notify"))
+
+    @cached_property
+    def claim_gate(self) -> int | None:
+        """The smallest claim (rows) that takes its turn at the table's claim gate, or
+        ``None`` (never): see :meth:`~django_taskclaim.backends.base.DatabaseSQL.claim_gate`.
+        A whole number in :data:`~.bounds.CLAIM_GATE`."""
+        value = self._get("claim_gate")
+        if value is None:
+            return None
+        return int(bounds.number(value, f"{self.label} claim_gate", bounds.CLAIM_GATE))
 
     @cached_property
     def retry_jitter(self) -> float:

@@ -25,9 +25,14 @@ def main() -> int:
     p.add_argument("--go", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--model", default="Document")
+    p.add_argument("--claim-gate", type=int, default=None, help="TASKCLAIM_CLAIM_GATE (0: None)")
     args = p.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
     django.setup()
+    if args.claim_gate is not None:
+        from django.conf import settings
+
+        settings.TASKCLAIM_CLAIM_GATE = args.claim_gate or None
     from django.db import DatabaseError, connection
 
     from tests.testapp import models

@@ -27,10 +27,20 @@ def _strategies() -> list[str]:
     return [name for name, s in STRATEGIES.items() if s.supported("default")]
 
 
-def run_claimers(tmp_path: Path, *, strategy="auto", recipe="", model="Document", batch_max=10):
+def run_claimers(
+    tmp_path: Path,
+    *,
+    strategy="auto",
+    recipe="",
+    model="Document",
+    batch_max=10,
+    extra=(),
+    env=None,
+    processes=PROCESSES,
+):
     go = tmp_path / "go"
     procs, outs = [], []
-    for i in range(PROCESSES):
+    for i in range(processes):
         out = tmp_path / f"out{i}.jsonl"
         outs.append(out)
         cmd = [
@@ -50,7 +60,8 @@ def run_claimers(tmp_path: Path, *, strategy="auto", recipe="", model="Document"
         ]
         if recipe:
             cmd += ["--recipe", recipe]
-        procs.append(subprocess.Popen(cmd, env=child_env(), cwd=ROOT))
+        cmd += list(extra)
+        procs.append(subprocess.Popen(cmd, env=env or child_env(), cwd=ROOT))
     go.write_text("go")
     for p in procs:
         assert p.wait(timeout=300) == 0, "a claimer process failed"

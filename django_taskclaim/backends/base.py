@@ -222,6 +222,31 @@ class DatabaseSQL:
         then whether the row was recovered (its previous ``locked_until`` was set)."""
         raise NotImplementedError(f"{self.vendor} claims in a transaction, not one statement")
 
+    def claim_gate(self, table: str) -> Statement | None:
+        """The statement a large claim of ``table`` (unquoted name) runs first, in its own
+        transaction, to take its turn: it waits while another large claim of the same
+        table runs, and the turn ends with that transaction. ``None`` where claims need
+        no gate (MySQL / MariaDB claim in a transaction of their own; SQLite has one
+        writer at a time).
+
+        Why: concurrent ``FOR UPDATE SKIP LOCKED`` claims each walk the head of the claim
+        index and step over every row the others hold locked until they commit, so
+        each one's cost grows with the number of claims in flight. Claims that take
+        turns never step over each other's rows, and a waiting claim costs nothing."""
+        return None
+
+    def several_statements(self, settings_dict: Mapping[str, Any]) -> bool:
+        """Whether one ``execute()`` may carry several statements (the driver binds
+        parameters on the client): :meth:`fetch_after` then sends a gate and its claim in
+        one round trip."""
+        return False
+
+    def fetch_after(self, cursor: Any, first: Statement, then: Statement) -> list[Any]:
+        """Run ``first`` and ``then`` in one ``execute()`` (one round trip; one implicit
+        transaction in autocommit) and return the rows of ``then``; only where
+        :meth:`several_statements`."""
+        raise NotImplementedError(f"{self.vendor} sends one statement per call")
+
     def claim_keyed(
         self,
         c: ClaimColumns,

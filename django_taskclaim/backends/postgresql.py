@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -19,6 +20,28 @@ UNIQUE_VIOLATION = "23505"
 def sqlstate(error: BaseException) -> str | None:
     """The SQLSTATE of a psycopg (``sqlstate``) or psycopg2 (``pgcode``) error."""
     return getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+
+
+def _int32(data: bytes) -> int:
+    value = zlib.crc32(data)
+    return value - (1 << 32) if value >= (1 << 31) else value
+
+
+#: The first half of the advisory-lock key pair of every claim gate (the second half is
+#: the table's key): ``SELECT * FROM pg_locks WHERE locktype = 'advisory' AND classid =
+#: <this, as unsigned>`` lists the gates taken and waited for.
+CLAIM_GATE_SPACE = _int32(b"django_taskclaim.claim_gate")
+
+
+def table_key(table: str) -> int:
+    """An int32 naming ``table`` (unquoted) in advisory-lock key pairs: the first half of
+    the ``advisory`` strategy's row keys, the second half of the table's claim gate."""
+    return _int32(table.encode())
+
+
+def claim_gate_key(table: str) -> tuple[int, int]:
+    """The advisory-lock key pair of ``table``'s claim gate."""
+    return CLAIM_GATE_SPACE, table_key(table)
 
 
 def advisory_function(*, xact: bool, shared: bool, try_: bool) -> str:
@@ -133,6 +156,34 @@ class PostgreSQL(DatabaseSQL):
             f'RETURNING {c.returning}, {cte}."prev" IS NOT NULL'
         )
         return Statement(sql, tuple(params))
+
+    def claim_gate(self, table: str) -> Statement:
+        """``pg_advisory_xact_lock(space, table key)`` (:func:`claim_gate_key`): the
+        waiting statement takes a snapshot, but holds no row lock and no transaction id;
+        the claim that follows takes its own snapshot once the gate is open, so it sees
+        every row the claim before it took."""
+        return Statement(
+            "SELECT pg_advisory_xact_lock(CAST(%s AS integer), CAST(%s AS integer))",
+            claim_gate_key(table),
+        )
+
+    def several_statements(self, settings_dict: Mapping[str, Any]) -> bool:
+        """psycopg2 always; psycopg 3 unless ``OPTIONS["server_side_binding"]`` (Django's
+        server-side binding cursor sends one statement per call)."""
+        from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+        options = settings_dict.get("OPTIONS") or {}
+        return not (is_psycopg3 and options.get("server_side_binding") is True)
+
+    def fetch_after(self, cursor: Any, first: Statement, then: Statement) -> list[Any]:
+        """Both statements in one simple-protocol call; psycopg 3 keeps each one's result
+        (moved past ``first``'s), psycopg2 only the last."""
+        from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+        cursor.execute(f"{first.sql}; {then.sql}", (*first.params, *then.params))
+        if is_psycopg3:
+            cursor.nextset()
+        return list(cursor.fetchall())
 
     def claim_keyed(
         self,

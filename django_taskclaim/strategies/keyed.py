@@ -49,7 +49,7 @@ from .key_slots import (
     is_key_conflict,
     keyed_candidates,
 )
-from .statements import _instances, compile_queryset
+from .statements import _instances, claim_gate, compile_queryset, fetch_claimed
 
 if TYPE_CHECKING:
     from ..options import ClaimOptions, Concurrency
@@ -147,10 +147,10 @@ def claim_one_statement(
         worker=worker,
     )
 
+    gate = claim_gate(qs, opts, n)
+
     def run() -> list[models.Model]:
-        with conn.cursor() as cursor:
-            cursor.execute(statement.sql, statement.params)
-            fetched = cursor.fetchall()
+        fetched = fetch_claimed(conn, statement, gate)
         tasks = _instances(qs.model, qs.db, [row[:-1] for row in fetched])
         recovered = {t.pk for t, row in zip(tasks, fetched, strict=True) if row[-1]}
         return _sort(_mark_recovered(tasks, recovered), opts.ordering)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import zlib
 from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, models, transaction
 
 from ..backends import PostgreSQL, for_alias
+from ..backends.postgresql import table_key
 from . import keyed
 from .base import Strategy
 from .skip_locked import SkipLocked
@@ -19,8 +19,7 @@ if TYPE_CHECKING:
 
 def advisory_table_key(model: type[models.Model]) -> int:
     """The int32 first half of the advisory-lock key pair used by the ``advisory`` strategy."""
-    value = zlib.crc32(model._meta.db_table.encode())
-    return value - (1 << 32) if value >= (1 << 31) else value
+    return table_key(model._meta.db_table)
 
 
 class Advisory(Strategy):
@@ -52,6 +51,7 @@ class Advisory(Strategy):
             qs,
             candidates,
             (*params, advisory_table_key(qs.model)),
+            n=n,
             opts=opts,
             lease=lease,
             worker=worker,
@@ -92,7 +92,7 @@ class Serializable(Strategy):
             with connections[qs.db].cursor() as cursor:
                 cursor.execute(cast(PostgreSQL, for_alias(qs.db)).serializable_sql)
             sql, params = _compiled_candidates(qs, opts, n, cache_key)
-            return _claim_returning(qs, sql, params, opts=opts, lease=lease, worker=worker)
+            return _claim_returning(qs, sql, params, n=n, opts=opts, lease=lease, worker=worker)
 
 
 class Hold(Strategy):

@@ -54,7 +54,7 @@ class SkipLocked(Strategy):
                 skip_locked=True, of=(conn.ops.quote_name(qs.model._meta.db_table),)
             )
             return _claim_returning(
-                qs, f"{sql} {lock}", params, opts=opts, lease=lease, worker=worker
+                qs, f"{sql} {lock}", params, n=n, opts=opts, lease=lease, worker=worker
             )
         return self._claim_in_transaction(qs, n, opts=opts, lease=lease, worker=worker)
 

@@ -4,7 +4,9 @@ Where the vendor can claim in one statement (``UPDATE … RETURNING``), the cand
 SELECT compiled by the ORM (kept per model, database, strategy and batch size) is handed
 to the vendor's :meth:`~django_taskclaim.backends.base.DatabaseSQL.claim` and the
 returned rows become model instances with the ORM's own converters
-(:func:`_claim_returning`). :func:`complete_many_in_one` is the completion counterpart:
+(:func:`_claim_returning`). A claim of at least ``claim_gate`` rows first takes its
+turn at the table's claim gate, in the same round trip (:func:`claim_gate`,
+:func:`fetch_claimed`). :func:`complete_many_in_one` is the completion counterpart:
 a batch of claimed rows completed from per-row arrays in one fenced UPDATE.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, models
+from django.db import connections, models, transaction
 
 from ..backends import Statement, for_connection
 from .base import RECOVERED_ATTR, _sort, candidates, claim_columns, column
@@ -87,17 +89,52 @@ def _instances(model: type[models.Model], using: str, rows: list[tuple[Any, ...]
     return out
 
 
+def claim_gate(qs: models.QuerySet, opts: ClaimOptions, n: int) -> Statement | None:
+    """The gate a claim of ``n`` rows of ``qs`` takes its turn at first, or ``None``: only
+    a claim of at least ``opts.claim_gate`` rows, made outside any transaction (the gate
+    is held until the claim's own transaction ends: never inside the caller's ``hold``
+    transaction or the ``serializable`` strategy's), on a vendor that has a gate
+    (:meth:`~django_taskclaim.backends.base.DatabaseSQL.claim_gate`)."""
+    threshold = opts.claim_gate
+    conn = connections[qs.db]
+    if threshold is None or n < threshold or conn.in_atomic_block:
+        return None
+    return for_connection(conn).claim_gate(qs.model._meta.db_table)
+
+
+def fetch_claimed(conn: Any, statement: Statement, gate: Statement | None) -> list[Any]:
+    """Run a claim ``statement`` (after its ``gate``, when there is one) and return its rows.
+
+    The gate and the claim go in one round trip, one transaction, where the driver
+    takes several statements per call; else (psycopg 3 with server-side binding) in a
+    transaction of two statements."""
+    backend = for_connection(conn)
+    if gate is None:
+        with conn.cursor() as cursor:
+            cursor.execute(statement.sql, statement.params)
+            return list(cursor.fetchall())
+    if backend.several_statements(conn.settings_dict):
+        with conn.cursor() as cursor:
+            return backend.fetch_after(cursor, gate, statement)
+    with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+        cursor.execute(gate.sql, gate.params)
+        cursor.execute(statement.sql, statement.params)
+        return list(cursor.fetchall())
+
+
 def _claim_returning(
     qs: models.QuerySet,
     candidates_sql: str,
     candidates_params: tuple[Any, ...],
     *,
+    n: int,
     opts: ClaimOptions,
     lease: float,
     worker: str,
 ) -> list[models.Model]:
-    """Claim the candidates in one statement (the vendor's
-    :meth:`~django_taskclaim.backends.base.DatabaseSQL.claim`) and build the instances."""
+    """Claim the candidates (at most ``n`` rows) in one statement (the vendor's
+    :meth:`~django_taskclaim.backends.base.DatabaseSQL.claim`), behind the table's claim
+    gate when ``n`` is large enough (:func:`claim_gate`), and build the instances."""
     model = qs.model
     conn = connections[qs.db]
     statement = for_connection(conn).claim(
@@ -108,9 +145,7 @@ def _claim_returning(
         lease=lease,
         worker=worker,
     )
-    with conn.cursor() as cursor:
-        cursor.execute(statement.sql, statement.params)
-        fetched = cursor.fetchall()
+    fetched = fetch_claimed(conn, statement, claim_gate(qs, opts, n))
     recovered = [row[-1] for row in fetched]
     tasks = _instances(model, qs.db, [row[:-1] for row in fetched])
     for task, flag in zip(tasks, recovered, strict=True):
