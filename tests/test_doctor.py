@@ -74,7 +74,8 @@ def test_a_healthy_queue_has_no_error_and_warns_only_without_partial_indexes(ven
     # MySQL / MariaDB cannot make the claim index partial: said, with its fix.
     assert warned == ({"TC-D010"} if vendor == "mysql" else set())
     ids = {f.id for f in found}
-    assert {"TC-D001", "TC-D002", "TC-D004", "TC-D005", "TC-D010", "TC-D012", "TC-D013"} <= ids
+    assert {"TC-D001", "TC-D002", "TC-D004", "TC-D005", "TC-D006", "TC-D010", "TC-D012"} <= ids
+    assert "TC-D013" in ids
     assert {"TC-D020", "TC-D021", "TC-D022", "TC-D023", "TC-D030"} <= ids
     if vendor == "postgresql":
         assert one(found, "TC-D003", None).title.startswith("no pooler detected")
@@ -338,6 +339,47 @@ def test_a_heartbeat_of_half_the_lease_is_an_error():
     with override_settings(TASKCLAIM_HEARTBEAT_INTERVAL=14):
         found = one(diagnose([Document]), "TC-D005")
     assert (found.severity, found.title) == ("ok", "heartbeats every 14s keep the 30s lease alive")
+
+
+@pytest.mark.django_db
+def test_commits_that_a_server_crash_may_forget_are_an_error(vendor):
+    """A forgotten claim hands its token out twice: the doctor reads the session's
+    durability as the workers' connections have it (PostgreSQL: synchronous_commit)."""
+    found = one(diagnose([Document]), "TC-D006", None)
+    assert found.severity == "ok"
+    if vendor != "postgresql":
+        return
+    assert found.title == "commits are flushed to disk (on)"
+    with connection.cursor() as cursor:
+        cursor.execute("SET synchronous_commit = off")
+    try:
+        found = one(diagnose([Document]), "TC-D006", None)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET synchronous_commit")
+    assert found.severity == "error"
+    assert found.title.startswith("synchronous_commit is off")
+    assert "the next claim hands that token out again" in found.detail
+    assert "synchronous_commit = on" in found.fix
+    assert one(diagnose([Document]), "TC-D006", None).severity == "ok"
+
+
+@pytest.mark.parametrize(
+    ("vendor_name", "value", "severity"),
+    [
+        ("postgresql", "on", None),
+        ("postgresql", "local", None),
+        ("postgresql", "remote_apply", None),
+        ("postgresql", "off", "error"),
+        ("mysql", 1, None),
+        ("mysql", 2, "warning"),
+        ("mysql", 0, "error"),
+        ("sqlite", None, None),
+    ],
+)
+def test_what_each_vendor_calls_a_forgettable_commit(vendor_name, value, severity):
+    problem = for_vendor(vendor_name).commit_durability(value)
+    assert (problem[0] if problem else None) == severity
 
 
 @pytest.mark.django_db

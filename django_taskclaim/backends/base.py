@@ -306,6 +306,20 @@ class DatabaseSQL:
     #: The cheapest statement that proves a connection still answers.
     ping_sql: ClassVar[str] = "SELECT 1"
 
+    #: The statement reading how this session's commits reach the disk (one value), or
+    #: ``None`` where there is nothing to ask (:meth:`commit_durability`).
+    durability_sql: ClassVar[str | None] = None
+
+    def commit_durability(self, value: Any) -> tuple[str, str] | None:
+        """``(severity, why)`` when :attr:`durability_sql`'s ``value`` says a commit the
+        client was told of may be forgotten by a crash of the server, else ``None``.
+
+        A forgotten claim is worse than a re-run: its worker already runs the task, and
+        the row is ``ready`` again under the same token, so the next claim hands out
+        the token the first worker still holds — fencing can no longer tell the two
+        apart, and the task runs twice within a lease."""
+        return None
+
     def private_to_one_connection(self, settings_dict: Any) -> bool:
         """Whether a ``DATABASES`` entry names a database only one connection can see
         (SQLite in memory): no second thread or process may share its rows."""

@@ -58,6 +58,28 @@ class MySQL(DatabaseSQL):
         session's zone, so the clock is the session's: ``CURRENT_TIMESTAMP(6)``."""
         return self.clock_sql if use_tz else "CURRENT_TIMESTAMP(6)"
 
+    durability_sql: ClassVar[str | None] = "SELECT @@innodb_flush_log_at_trx_commit"
+
+    def commit_durability(self, value: Any) -> tuple[str, str] | None:
+        """``innodb_flush_log_at_trx_commit``: ``1`` writes and flushes the log at each
+        commit; ``2`` only writes it (an operating-system crash or power loss forgets up
+        to a second of commits); ``0`` neither (a crash of the server process does)."""
+        setting = str(value)
+        if setting == "0":
+            return (
+                "error",
+                "innodb_flush_log_at_trx_commit is 0: a crash of the server forgets up to "
+                "a second of commits, claims whose workers already run their tasks included",
+            )
+        if setting == "2":
+            return (
+                "warning",
+                "innodb_flush_log_at_trx_commit is 2: a crash of the server's machine (not "
+                "of the server process) forgets up to a second of commits, claims whose "
+                "workers already run their tasks included",
+            )
+        return None
+
     def is_transient(self, error: BaseException) -> bool:
         """Deadlocks and lock wait timeouts (:data:`TRANSIENT_ERRORS`)."""
         args: tuple[Any, ...] = getattr(error, "args", ())

@@ -157,6 +157,20 @@ class PostgreSQL(DatabaseSQL):
         )
         return Statement(sql, tuple(params))
 
+    durability_sql: ClassVar[str | None] = "SHOW synchronous_commit"
+
+    def commit_durability(self, value: Any) -> tuple[str, str] | None:
+        """``synchronous_commit = off``: a commit returns before its WAL is flushed, and a
+        server crash forgets the last ones (``local``, ``remote_write``, ``on`` and
+        ``remote_apply`` all wait for the local flush)."""
+        if str(value).lower() != "off":
+            return None
+        return (
+            "error",
+            "synchronous_commit is off: a commit returns before it is on disk, so a crash "
+            "of the server may forget claims whose workers already run their tasks",
+        )
+
     def claim_gate(self, table: str) -> Statement:
         """``pg_advisory_xact_lock(space, table key)`` (:func:`claim_gate_key`): the
         waiting statement takes a snapshot, but holds no row lock and no transaction id;

@@ -7,7 +7,8 @@ pooler in front of it, and the queue's rows. Every check and threshold is listed
 ``docs/doctor.md``:
 
 - ``TC-D001`` the database answers; ``TC-D002`` / ``TC-D003`` pooler mode; ``TC-D004``
-  clock offset; ``TC-D005`` heartbeat against lease (:mod:`.database`);
+  clock offset; ``TC-D005`` heartbeat against lease; ``TC-D006`` durable commits
+  (:mod:`.database`);
 - ``TC-D010`` – ``TC-D013`` claim and lease indexes, and the plans that read them
   (:mod:`.indexes`);
 - ``TC-D020`` – ``TC-D023`` queue health, ``TC-D030`` finished rows to prune
@@ -115,6 +116,13 @@ def _database(
                 continue
         found += guarded(
             database.CLOCK, "clock offset", alias, None, _one(database.clock, alias, leases, limits)
+        )
+        found += guarded(
+            database.DURABLE,
+            "commit durability",
+            alias,
+            None,
+            _one(database.durable_commits, alias),
         )
     for model in models:
         found.append(database.heartbeat(model, alias))

@@ -24,7 +24,14 @@ from ..monitoring import db_now
 from ..options import get_options
 from .findings import BAD_OPTION_FIX, Finding, Thresholds, one_line
 
-REACHABLE, POOLER, PROXY, CLOCK, HEARTBEAT = ("TC-D001", "TC-D002", "TC-D003", "TC-D004", "TC-D005")
+REACHABLE, POOLER, PROXY, CLOCK, HEARTBEAT, DURABLE = (
+    "TC-D001",
+    "TC-D002",
+    "TC-D003",
+    "TC-D004",
+    "TC-D005",
+    "TC-D006",
+)
 
 
 def reachable(alias: str) -> Finding:
@@ -109,6 +116,36 @@ def pooler(alias: str, *, connected: bool) -> list[Finding]:
                 )
             )
     return found
+
+
+def durable_commits(alias: str) -> Finding:
+    """``TC-D006``: commits the server acknowledges are on disk before it says so
+    (:meth:`~django_taskclaim.backends.base.DatabaseSQL.commit_durability`), as this
+    project's connections to ``alias`` see it (session settings in ``OPTIONS`` count)."""
+    conn = connections[alias]
+    sql = for_connection(conn)
+    if sql.durability_sql is None:
+        return Finding(DURABLE, "ok", alias, "commits are as durable as the database makes them")
+    with conn.cursor() as cursor:
+        cursor.execute(sql.durability_sql)
+        (value,) = cursor.fetchone()
+    problem = sql.commit_durability(value)
+    if problem is None:
+        return Finding(DURABLE, "ok", alias, f"commits are flushed to disk ({value})")
+    severity, why = problem
+    return Finding(
+        DURABLE,
+        "error" if severity == "error" else "warning",
+        alias,
+        why,
+        detail="the row is then ready again under the token its first worker still holds: "
+        "the next claim hands that token out again, fencing cannot tell the two workers "
+        "apart, and the task runs twice within its lease",
+        fix="Keep commits durable for the connections that claim and complete rows "
+        "(PostgreSQL: synchronous_commit = on, or local; MariaDB/MySQL: "
+        "innodb_flush_log_at_trx_commit = 1), in the server's configuration and in "
+        "DATABASES[...]['OPTIONS'].",
+    )
 
 
 def host_now() -> datetime:
