@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+import uuid
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 
 import pytest
 from django.db import connection
@@ -452,3 +454,61 @@ def test_deferred_result_fields_are_written_per_row_in_one_update(shape):
         assert (got.status, got.result) == ("done", f"r{row.pk}")
         expected_kind = "odd" if shape == "mixed fields" and i % 2 else Document().kind
         assert got.kind == expected_kind
+
+
+TRICKY = "quote ' double \" back\\slash {brace,comma} new\nline tab\t ünïcødé ✓ NULL"
+
+
+@pytest.mark.parametrize(
+    ("case", "fields"),
+    [
+        (
+            "json-ready values",
+            {
+                "data": {"nested": [1, 2.5, None, True, TRICKY], "empty": {}},
+                "text": TRICKY,
+                "number": -(2**62),
+                "ratio": 0.1,
+                "flag": False,
+                "at": datetime(2031, 2, 3, 4, 5, 6, 789012, tzinfo=UTC),
+                "day": date(1999, 12, 31),
+                "ref": uuid.UUID("12345678-1234-5678-1234-567812345678"),
+                "amount": Decimal("-12345678.9012"),
+            },
+        ),
+        ("a JSON string and nulls", {"data": TRICKY, "number": None, "at": None, "ref": None}),
+        ("a field with its own JSON encoder", {"encoded": {"when": date(2020, 1, 2)}}),
+        ("a duration", {"took": timedelta(days=2, microseconds=3), "text": TRICKY}),
+        ("bytes", {"blob": b"\x00\xff'\\", "text": TRICKY}),
+    ],
+)
+def test_batched_completions_store_each_result_value_as_the_orm_would(case, fields):
+    """complete_many writes every row's result fields in one UPDATE (on PostgreSQL from
+    one JSON document when every value has a faithful JSON form, else from one array per
+    column): what is read back equals what a plain save would store."""
+    from django.test.utils import CaptureQueriesContext
+
+    from django_taskclaim.lifecycle import BatchableResult, complete_many
+    from tests.testapp.models import ResultTypes
+
+    ResultTypes.objects.bulk_create([ResultTypes() for _ in range(3)])
+    rows = ResultTypes.objects.claim(3)
+    buffered: list = []
+    for i, row in enumerate(rows):
+        mine = {**fields, "text": f"{fields.get('text', '')}#{i}"}
+        result = BatchableResult(mine)
+        assert run_task(row, lambda _row, r=result: r, defer=buffered.append) == "deferred"
+    with CaptureQueriesContext(connection) as ctx:
+        assert complete_many(buffered) == []
+    updates = [q["sql"] for q in ctx.captured_queries if q["sql"].startswith("UPDATE")]
+    assert len(updates) == 1
+    if connection.vendor == "postgresql":
+        as_json = case in ("json-ready values", "a JSON string and nulls")
+        assert ("jsonb_to_recordset" in updates[0]) is as_json, updates[0][:300]
+    for i, row in enumerate(rows):
+        values = {**fields, "text": f"{fields.get('text', '')}#{i}"}
+        want = ResultTypes.objects.get(pk=ResultTypes.objects.create(**values).pk)
+        got = ResultTypes.objects.get(pk=row.pk)
+        assert got.status == "done"
+        for name in values:
+            assert getattr(got, name) == getattr(want, name), name

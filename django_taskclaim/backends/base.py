@@ -278,14 +278,21 @@ class DatabaseSQL:
         return f"{update_sql} RETURNING *"
 
     def complete_many_sql(
-        self, c: ClaimColumns, *, pk_type: str, version_type: str, results: list[tuple[str, str]]
+        self,
+        c: ClaimColumns,
+        *,
+        pk_type: str,
+        version_type: str,
+        results: list[tuple[str, str]],
+        rows_as: str = "arrays",
     ) -> str:
         """Complete many claimed rows, fenced row by row on their tokens: ``done``,
         ``version`` + 1, lease cleared, ``finished_at`` stamped, and per row the values of
         the ``results`` columns (``(quoted column, database type)``), all in one UPDATE.
 
-        Parameters: the done value, the pks, the tokens, one list per result column,
-        the processing value."""
+        Parameters: the done value, then the rows — ``rows_as="arrays"``: the pks, the
+        tokens, one list per result column; ``"json"``: one JSON array of objects with
+        the keys ``pk``, ``token``, ``r0``, ``r1``, … — then the processing value."""
         raise NotImplementedError(f"{self.vendor} completes rows with the ORM")
 
     # -------------------------------------------------------------------- wake-ups

@@ -293,26 +293,40 @@ class PostgreSQL(DatabaseSQL):
         )
 
     def complete_many_sql(
-        self, c: ClaimColumns, *, pk_type: str, version_type: str, results: list[tuple[str, str]]
+        self,
+        c: ClaimColumns,
+        *,
+        pk_type: str,
+        version_type: str,
+        results: list[tuple[str, str]],
+        rows_as: str = "arrays",
     ) -> str:
-        """``UPDATE … FROM unnest(pks, tokens[, one array per result column])``: one array
-        parameter per column, so the text is the same for every batch and no per-row
-        parameter is formatted."""
+        """``UPDATE … FROM <rows>``, fenced row by row. The rows come either as one array
+        parameter per column (``unnest(pks, tokens[, one array per result column])``),
+        or (``rows_as="json"``) as one JSON document, ``jsonb_to_recordset(%s::jsonb)``:
+        ``[{"pk": …, "token": …, "r0": …}, …]``, typed by the record's column list. Either
+        way the text is the same for every batch and no per-row parameter is formatted;
+        the JSON form is cheaper to build on the client when rows carry result values
+        (one ``json.dumps`` instead of quoting every array element), and each value is
+        read by its column type's input function."""
         t = '"taskclaim_t"'
         sets = [f"{c.status} = %s", f"{c.version} = {c.table}.{c.version} + 1"]
         sets.append(f"{c.locked_until} = NULL")
         if c.finished_at is not None:
             sets.append(f"{c.finished_at} = {self.clock_sql}")
-        arrays = [f"%s::{pk_type}[]", f"%s::{version_type}[]"]
-        aliases = ['"pk"', '"token"']
+        typed = [('"pk"', pk_type), ('"token"', version_type)]
         for i, (column, db_type) in enumerate(results):
             alias = f'"r{i}"'
             sets.append(f"{column} = {t}.{alias}")
-            arrays.append(f"%s::{db_type}[]")
-            aliases.append(alias)
+            typed.append((alias, db_type))
+        if rows_as == "json":
+            columns = ", ".join(f"{alias} {db_type}" for alias, db_type in typed)
+            source = f"jsonb_to_recordset(%s::jsonb) AS {t}({columns})"
+        else:
+            arrays = ", ".join(f"%s::{db_type}[]" for _, db_type in typed)
+            source = f"unnest({arrays}) AS {t}({', '.join(alias for alias, _ in typed)})"
         return (
-            f"UPDATE {c.table} SET {', '.join(sets)} "
-            f"FROM unnest({', '.join(arrays)}) AS {t}({', '.join(aliases)}) "
+            f"UPDATE {c.table} SET {', '.join(sets)} FROM {source} "
             f'WHERE {c.table}.{c.pk} = {t}."pk" AND {c.table}.{c.version} = {t}."token" '
             f"AND {self._status_is(c)}"
         )

@@ -6,6 +6,7 @@ import os
 import signal
 import uuid
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
 from django_taskclaim.db import DbNow
@@ -159,6 +160,29 @@ class NullableOrderTask(ClaimableModel):
 
     class ClaimMeta:
         ordering = ("due", "pk")
+
+    def process(self) -> None:
+        return None
+
+
+class ResultTypes(ClaimableModel):
+    """Result fields of many types, written by batched completions."""
+
+    data = models.JSONField(null=True, blank=True)
+    encoded = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
+    text = models.TextField(blank=True, default="")
+    number = models.BigIntegerField(null=True, blank=True)
+    ratio = models.FloatField(null=True, blank=True)
+    flag = models.BooleanField(null=True, blank=True)
+    at = models.DateTimeField(null=True, blank=True)
+    day = models.DateField(null=True, blank=True)
+    ref = models.UUIDField(null=True, blank=True)
+    amount = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
+    took = models.DurationField(null=True, blank=True)
+    blob = models.BinaryField(null=True, blank=True)
+
+    class Meta:
+        indexes = claim_indexes("restypes")
 
     def process(self) -> None:
         return None
