@@ -176,15 +176,19 @@ def _complete_chunk(model: type[models.Model], using: str, tasks: list[Any]) -> 
             task.version,
         )
     done_value = opts.value("done")
+    has_finished_at = opts.has("finished_at")
+    attnames: dict[str, str] = {}
     for task in won:
         setattr(task, opts.status_field, done_value)
         task.version += 1
         task.locked_until = None
-        if opts.has("finished_at"):
+        if has_finished_at:
             task.__dict__.pop("finished_at", None)  # the database clock's; loaded on access
         fields, after = pending[task.pk]
         for name, value in fields.items():
-            attname = getattr(task._meta.get_field(name), "attname", name)
+            attname = attnames.get(name)
+            if attname is None:
+                attname = attnames[name] = getattr(model._meta.get_field(name), "attname", name)
             if isinstance(value, Combinable | models.Expression):
                 task.__dict__.pop(attname, None)
             else:

@@ -15,10 +15,13 @@ from __future__ import annotations
 import json
 import math
 import uuid
+from collections.abc import Callable
 from datetime import date, datetime, time
 from decimal import Decimal
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
+from django.conf import settings
 from django.db import connections, models, transaction
 
 from ..backends import Statement, for_connection
@@ -166,13 +169,9 @@ class _NotJSON(Exception):
     """A value with no JSON text its column type reads back as the same value."""
 
 
-def _json_ready(field: models.Field, value: Any, conn: Any) -> Any:
-    """``value`` of ``field`` as a JSON value that the column's input function reads as
-    the value the ORM would store, or :class:`_NotJSON`."""
-    if isinstance(field, models.JSONField):
-        if field.encoder is not None:
-            raise _NotJSON  # its own encoder: leave the encoding to the ORM
-        return value  # the document itself (None: SQL NULL, as the ORM stores it)
+def _prepared_json(field: models.Field, conn: Any, value: Any) -> Any:
+    """``value`` prepared by the ORM (``get_db_prep_save``), as JSON the column's input
+    function reads back as the same value; :class:`_NotJSON` when there is none."""
     prepared = field.get_db_prep_save(value, conn)
     if prepared is None or isinstance(prepared, bool | int | str):
         return prepared
@@ -185,6 +184,65 @@ def _json_ready(field: models.Field, value: Any, conn: Any) -> Any:
     raise _NotJSON
 
 
+def _same(value: Any) -> Any:
+    return value
+
+
+#: Stock fields whose preparation leaves a value of the exact type given unchanged.
+_INTEGER_FIELDS = (
+    models.AutoField,
+    models.BigAutoField,
+    models.SmallAutoField,
+    models.IntegerField,
+    models.BigIntegerField,
+    models.SmallIntegerField,
+    models.PositiveIntegerField,
+    models.PositiveBigIntegerField,
+    models.PositiveSmallIntegerField,
+)
+_TEXT_FIELDS = (models.CharField, models.TextField)
+
+_TO_JSON: dict[tuple[models.Field, bool, str], Callable[[Any], Any]] = {}
+
+
+def _to_json(field: models.Field, conn: Any) -> Callable[[Any], Any]:
+    """The function turning a value of ``field`` into JSON that its column reads back as
+    the value the ORM would store (raising :class:`_NotJSON` when there is none): the
+    document itself for a JSON field without a custom encoder; the value itself where
+    the ORM would not change it (an ``int`` for a stock integer field, a ``str`` for a
+    stock text field, an aware ``datetime`` with ``USE_TZ``, a ``UUID`` as text); else
+    what ``get_db_prep_save`` makes of it. Built once per field."""
+    key = (field, bool(settings.USE_TZ), conn.alias)
+    found = _TO_JSON.get(key)
+    if found is not None:
+        return found
+    general: Callable[[Any], Any] = partial(_prepared_json, field, conn)
+    kind = type(field)
+    if isinstance(field, models.JSONField):
+        if field.encoder is not None:
+
+            def refuse(value: Any) -> Any:
+                raise _NotJSON  # its own encoder: leave the encoding to the ORM
+
+            found = refuse
+        else:
+            found = _same  # None is SQL NULL, as the ORM stores it
+    elif kind in _INTEGER_FIELDS:
+        found = lambda v: v if type(v) is int else general(v)  # noqa: E731
+    elif kind in _TEXT_FIELDS:
+        found = lambda v: v if type(v) is str else general(v)  # noqa: E731
+    elif kind is models.UUIDField:
+        found = lambda v: str(v) if type(v) is uuid.UUID else general(v)  # noqa: E731
+    elif kind is models.DateTimeField and settings.USE_TZ:
+        found = (  # noqa: E731
+            lambda v: v.isoformat() if type(v) is datetime and v.tzinfo is not None else general(v)
+        )
+    else:
+        found = general
+    _TO_JSON[key] = found
+    return found
+
+
 def _rows_json(
     model: type[models.Model],
     conn: Any,
@@ -194,16 +252,18 @@ def _rows_json(
 ) -> str | None:
     """The rows of a completion as one JSON document (see ``complete_many_sql``), or
     ``None`` when a value has no faithful JSON form (the arrays carry it then)."""
-    pk_field = model._meta.pk
-    fields = [cast(models.Field, model._meta.get_field(name)) for name in names]
-    keys = [f"r{i}" for i in range(len(names))]
+    pk_json = _to_json(cast(models.Field, model._meta.pk), conn)
+    columns = [
+        (f"r{i}", name, _to_json(cast(models.Field, model._meta.get_field(name)), conn))
+        for i, name in enumerate(names)
+    ]
     rows = []
     try:
         for pk, token in tokens.items():
-            row = {"pk": _json_ready(pk_field, pk, conn), "token": token}
             values = results[pk]
-            for key, name, field in zip(keys, names, fields, strict=True):
-                row[key] = _json_ready(field, values[name], conn)
+            row = {"pk": pk_json(pk), "token": token}
+            for key, name, to_json in columns:
+                row[key] = to_json(values[name])
             rows.append(row)
         return json.dumps(rows, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (_NotJSON, TypeError, ValueError):
