@@ -25,7 +25,9 @@ Sections:
   ``claim(batch)``) and one fenced completion per batch with C clients, so C concurrent
   claim statements run with no Python process beside the server; PostgreSQL CPU per job
   against C tells lock contention in the statement apart from CPU oversubscription by
-  worker processes (which the claimers sweep cannot on a small machine).
+  worker processes (which the claimers sweep cannot on a small machine). Each client
+  count runs without and with the claim gate (``TASKCLAIM_CLAIM_GATE``), both sent as the
+  worker sends them (simple query protocol; the gate and the claim in one query).
 * latency — enqueue→start on an idle worker (one process, one thread; PgQueuer: one
   process, batch 1), with LISTEN/NOTIFY on both sides, and the idle worker's RSS.
 
@@ -583,27 +585,40 @@ def bench_statement(args: argparse.Namespace, alias: str) -> dict[str, Any]:
     batch = args.sweep_batch
     rows = []
     for clients in args.statement_clients:
-        runs = []
-        for _ in range(args.repeat):
-            cpu = PgCpu(connections[alias].settings_dict["NAME"])
-            runs.append(
-                bench.pgbench_ceiling(
-                    alias, pgbench, clients=clients, batch=batch, rows=args.tasks, cpu=cpu
+        runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+        for _ in range(args.repeat):  # interleaved, so that drift hits both
+            for gate in (False, True):
+                cpu = PgCpu(connections[alias].settings_dict["NAME"])
+                runs[gate].append(
+                    bench.pgbench_ceiling(
+                        alias,
+                        pgbench,
+                        clients=clients,
+                        batch=batch,
+                        rows=args.tasks,
+                        cpu=cpu,
+                        gate=gate,
+                    )
                 )
+        for gate in (False, True):
+            per_job = [per_job_ms(r["cpu"]["bench_db_s"], r["done"]) for r in runs[gate]]
+            fetched = [r.get("tuples_per_job", {}).get("fetched", 0.0) for r in runs[gate]]
+            row = {
+                "clients": clients,
+                "batch": batch,
+                "gate": gate,
+                "jobs_s": med([r["jobs_s"] for r in runs[gate]]),
+                "pg_bench_db_cpu_ms_per_job": med(per_job),
+                "runs": [round(x, 4) for x in per_job],
+                "jobs_s_runs": [round(r["jobs_s"]) for r in runs[gate]],
+                "rows_fetched_per_job": med(fetched),
+            }
+            rows.append(row)
+            log(
+                f"  pgbench claim+complete clients={clients} batch={batch} "
+                f"gate={'on' if gate else 'off'}: {row['jobs_s']:,.0f}/s, PostgreSQL "
+                f"{row['pg_bench_db_cpu_ms_per_job']:.4f} ms/job (runs {row['runs']})"
             )
-        per_job = [per_job_ms(r["cpu"]["bench_db_s"], r["done"]) for r in runs]
-        row = {
-            "clients": clients,
-            "batch": batch,
-            "jobs_s": med([r["jobs_s"] for r in runs]),
-            "pg_bench_db_cpu_ms_per_job": med(per_job),
-            "runs": [round(x, 4) for x in per_job],
-        }
-        rows.append(row)
-        log(
-            f"  pgbench claim+complete clients={clients} batch={batch}: {row['jobs_s']:,.0f}/s, "
-            f"PostgreSQL {row['pg_bench_db_cpu_ms_per_job']:.4f} ms/job (runs {row['runs']})"
-        )
     return {"tasks": args.tasks, "batch": batch, "rows": rows}
 
 
@@ -876,18 +891,34 @@ def report(data: dict[str, Any]) -> str:
         )
     st = data.get("statement")
     if st and st.get("rows"):
-        first = st["rows"][0]["pg_bench_db_cpu_ms_per_job"]
+        first = {
+            r.get("gate", False): r["pg_bench_db_cpu_ms_per_job"]
+            for r in reversed(st["rows"])  # the first row of each gate setting wins
+        }
         parts.append(
             table(
                 f"The claim statement alone: pgbench replays our claim + one fenced completion "
-                f"per batch (batch {st['batch']}, {st['tasks']:,} jobs)",
-                ["concurrent claims", "jobs/s", "pg cpu ms/job (bench db)", "vs first", "runs"],
+                f"per batch, without and with the claim gate (batch {st['batch']}, "
+                f"{st['tasks']:,} jobs)",
+                [
+                    "concurrent claims",
+                    "claim gate",
+                    "jobs/s",
+                    "rows fetched / job",
+                    "pg cpu ms/job (bench db)",
+                    "vs first",
+                    "runs",
+                ],
                 [
                     [
                         r["clients"],
+                        "on" if r.get("gate") else "off",
                         _f(r["jobs_s"]),
+                        _f(r.get("rows_fetched_per_job"), ".1f"),
                         _f(r["pg_bench_db_cpu_ms_per_job"], ".4f"),
-                        f"{r['pg_bench_db_cpu_ms_per_job'] / first:.2f}x" if first > 0 else "",
+                        f"{r['pg_bench_db_cpu_ms_per_job'] / first[r.get('gate', False)]:.2f}x"
+                        if first[r.get("gate", False)] > 0
+                        else "",
                         ", ".join(f"{x:.4f}" for x in r["runs"]),
                     ]
                     for r in st["rows"]

@@ -46,7 +46,7 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connections  # noqa: E402
 from django.db.models import Max, Min  # noqa: E402
-from django.test.utils import CaptureQueriesContext  # noqa: E402
+from django.test.utils import CaptureQueriesContext, override_settings  # noqa: E402
 
 from benchmarks.benchapp.models import BenchTask  # noqa: E402
 from django_taskclaim.db import DbNow  # noqa: E402
@@ -397,12 +397,20 @@ def bench_round_trips(alias: str) -> list[dict[str, Any]]:
 # -- section: throughput ---------------------------------------------------------------
 
 
-PGBENCH_COMPLETE = (
-    "UPDATE {table} SET {status} = 'done', {version} = {table}.{version} + 1, "
-    "{locked_until} = NULL, {finished_at} = STATEMENT_TIMESTAMP() "
-    "FROM unnest(:ids::bigint[], :vs::bigint[]) AS x(id, v) "
-    "WHERE {table}.{pk} = x.id AND {table}.{version} = x.v AND {table}.{status} = 'processing';"
-)
+def complete_sql(alias: str) -> str:
+    """The exact SQL the worker's batched completion (``complete_many``) sends, captured,
+    with ``{ids}`` and ``{vs}`` in place of its two array parameters."""
+    fill(alias, 2)
+    conn = connections[alias]
+    tasks = BenchTask.objects.using(alias).claim(2, worker="pgbench")
+    with CaptureQueriesContext(conn) as ctx:
+        BenchTask.objects.using(alias).complete_many(tasks)
+    updates = [q["sql"] for q in ctx.captured_queries if q["sql"].startswith("UPDATE")]
+    arrays = re.compile(r"'\{[0-9,]*\}'(::\w+\[\])*::bigint\[\]")  # psycopg: '{..}'::int2[]
+    if len(updates) != 1 or len(arrays.findall(updates[0])) != 2:
+        raise RuntimeError(f"complete_many() did not send one UPDATE from two arrays: {updates}")
+    sql = arrays.sub("\0", updates[0], count=2).replace("{", "{{").replace("}", "}}")
+    return sql.replace("\0", "{ids}::bigint[]", 1).replace("\0", "{vs}::bigint[]", 1)
 
 
 def pgbench_binary() -> str | None:
@@ -434,40 +442,55 @@ def pgbench_version() -> str:
     return f"{out} ({binary})"
 
 
-def claim_sql(alias: str, batch: int) -> str:
-    """The exact SQL ``claim(batch)`` sends (captured), to replay in pgbench."""
+def claim_sql(alias: str, batch: int, *, gate: bool = False) -> tuple[str, str]:
+    """The exact SQL ``claim(batch)`` sends (captured), to replay in pgbench: ``(gate,
+    claim)``, the claim gate's statement (``""`` without ``gate``) and the claim's."""
     fill(alias, batch)
     conn = connections[alias]
-    with CaptureQueriesContext(conn) as ctx:
+    with (
+        override_settings(TASKCLAIM_CLAIM_GATE=1 if gate else None),
+        CaptureQueriesContext(conn) as ctx,
+    ):
         BenchTask.objects.using(alias).claim(batch, worker="pgbench")
     claims = [q["sql"] for q in ctx.captured_queries if "UPDATE" in q["sql"]]
     if len(claims) != 1:
         raise RuntimeError(f"claim({batch}) did not send one UPDATE: {ctx.captured_queries}")
-    return claims[0].strip().rstrip(";")
+    first, _, claim = claims[0].strip().rstrip(";").rpartition("; WITH ")
+    if bool(first) != gate:
+        raise RuntimeError(f"claim({batch}) gate={gate} sent: {claims[0][:200]}")
+    return first, ("WITH " + claim) if first else claim
 
 
 def pgbench_ceiling(
-    alias: str, pgbench: str, *, clients: int, batch: int, rows: int, cpu: Any = None
+    alias: str,
+    pgbench: str,
+    *,
+    clients: int,
+    batch: int,
+    rows: int,
+    cpu: Any = None,
+    gate: bool | None = None,
 ) -> dict:
     """Run the library's own claim statement + one fenced completion per batch in pgbench.
 
     ``cpu`` (``peers.PgCpu``): started right before pgbench, stopped right after; its
-    figures are added to the result as ``cpu``."""
+    figures are added to the result as ``cpu``. ``gate`` (``True`` / ``False``): the claim
+    with or without its claim gate, both sent as the worker sends them (simple query
+    protocol, the gate and the claim in one query); ``None``: the claim without a gate as
+    a prepared statement (the ceiling)."""
     conn = connections[alias]
     qn = conn.ops.quote_name
-    claim = claim_sql(alias, batch)
+    gate_sql, claim = claim_sql(alias, batch, gate=bool(gate))
     script = (
-        f"WITH u AS ({claim}) SELECT coalesce(array_agg(u.{qn('id')}), '{{}}') AS ids, "
+        (f"{gate_sql} \\; " if gate_sql else "")
+        + f"WITH u AS ({claim}) SELECT coalesce(array_agg(u.{qn('id')}), '{{}}') AS ids, "
         f"coalesce(array_agg(u.{qn('version')}), '{{}}') AS vs FROM u\n\\gset\n"
-        + PGBENCH_COMPLETE.format(
-            table=qn(TABLE),
-            status=qn("status"),
-            version=qn("version"),
-            locked_until=qn("locked_until"),
-            finished_at=qn("finished_at"),
-            pk=qn("id"),
+        + complete_sql(alias).format(
+            # pgbench passes :variables as parameters when prepared, as text when simple
+            ids=":ids" if gate is None else "':ids'",
+            vs=":vs" if gate is None else "':vs'",
         )
-        + "\n"
+        + ";\n"
     )
     per_client = max(1, rows // (clients * batch))
     fill(alias, per_client * clients * batch)
@@ -475,16 +498,19 @@ def pgbench_ceiling(
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as fh:
         fh.write(script)
         path = fh.name
-    argv = [pgbench, "-n", "-M", "prepared", "-f", path, "-c", str(clients)]
+    mode = "prepared" if gate is None else "simple"
+    argv = [pgbench, "-n", "-M", mode, "-f", path, "-c", str(clients)]
     argv += ["-j", str(min(clients, 2)), "-t", str(per_client)]
     argv += ["-h", s["HOST"] or "127.0.0.1", "-U", s["USER"] or "postgres", s["NAME"]]
     if s.get("PORT"):
         argv[-1:-1] = ["-p", str(s["PORT"])]
     used = None
+    tuples: dict[str, float] | None = None
     try:
         if cpu is None:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
         else:  # sampled while it runs: pgbench's backends exit before it does
+            before = _tuple_counts(alias)
             cpu.start()
             with subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -495,7 +521,9 @@ def pgbench_ceiling(
                     time.sleep(0.02)  # the sampling period, not a synchronisation
                 out, err = running.communicate(timeout=60)
             proc = subprocess.CompletedProcess(argv, running.returncode, out, err)
-            used = cpu.stop()
+            used = cpu.stop()  # waits until pgbench's backends have exited (their stats flushed)
+            after = _tuple_counts(alias)
+            tuples = {k: after[k] - before[k] for k in before}
     finally:
         os.unlink(path)
     found = re.search(r"tps = ([\d.]+) \(without initial connection time\)", proc.stdout)
@@ -504,7 +532,25 @@ def pgbench_ceiling(
     tps = float(found.group(1))
     done = BenchTask.objects.using(alias).filter(status="done").count()
     seconds = per_client * clients / tps
-    return {"jobs_s": done / seconds, "done": done, "tps": tps, "cpu": used}
+    out = {"jobs_s": done / seconds, "done": done, "tps": tps, "cpu": used}
+    if tuples is not None and done:
+        out["tuples_per_job"] = {k: v / done for k, v in tuples.items()}
+    return out
+
+
+def _tuple_counts(alias: str) -> dict[str, float]:
+    """``pg_stat_database``'s tuple counters of the benchmark database: index entries and
+    rows read (``returned``), live rows fetched by index scans (``fetched``), rows
+    updated. Read after the sessions that did the work have ended."""
+    conn = connections[alias]
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_stat_clear_snapshot()")
+        cur.execute(
+            "SELECT tup_returned, tup_fetched, tup_updated FROM pg_stat_database "
+            "WHERE datname = current_database()"
+        )
+        returned, fetched, updated = cur.fetchone()
+    return {"returned": returned, "fetched": fetched, "updated": updated}
 
 
 def drain_batched_ack(alias: str, batch: int) -> int:
