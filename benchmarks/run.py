@@ -784,10 +784,12 @@ def bench_claim_latency(args: argparse.Namespace, alias: str) -> list[dict[str, 
 
 
 @contextmanager
-def idle_worker(alias: str, *, notify: bool, poll: float) -> Iterator[subprocess.Popen]:
+def idle_worker(alias: str, *, notify: bool | str, poll: float) -> Iterator[subprocess.Popen]:
     argv = worker_argv(alias, threads=1, processes=1, batch=1, burst=False)
     argv += ["--poll", str(poll)]
-    env = child_env(TASKCLAIM_BENCH_NOTIFY="1" if notify else "0")
+    env = child_env(
+        TASKCLAIM_BENCH_NOTIFY="trigger" if notify == "trigger" else str(int(bool(notify)))
+    )
     err = tempfile.TemporaryFile()  # noqa: SIM115 - a file, not a pipe: see run_worker_burst
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
     proc.log_file = err  # type: ignore[attr-defined]

@@ -92,7 +92,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 INSTALLED_APPS = ["django_taskclaim", "benchmarks.benchapp"]
 SILENCED_SYSTEM_CHECKS = ["models.W037"]
 TASKCLAIM_STRATEGY = os.environ.get("TASKCLAIM_BENCH_STRATEGY", "auto")
-TASKCLAIM_NOTIFY = os.environ.get("TASKCLAIM_BENCH_NOTIFY", "1") != "0"
+# "1" (the post_save hook, the default), "trigger" (a trigger on the table) or "0" (poll only).
+_notify = os.environ.get("TASKCLAIM_BENCH_NOTIFY", "1")
+TASKCLAIM_NOTIFY = "trigger" if _notify == "trigger" else _notify != "0"
 # A/B of the claim gate: a number of rows, or "off".
 if "TASKCLAIM_BENCH_CLAIM_GATE" in os.environ:
     _gate = os.environ["TASKCLAIM_BENCH_CLAIM_GATE"]

@@ -9,7 +9,13 @@ class TaskClaimConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.db.models.signals import post_migrate
+
         from . import checks, lock_checks  # noqa: F401  (register the system checks)
         from .notify import connect_signals  # deferred: connected once the app registry is ready
+        from .notify_trigger import on_post_migrate
 
         connect_signals()
+        post_migrate.connect(
+            on_post_migrate, sender=self, dispatch_uid="django_taskclaim.notify_trigger"
+        )

@@ -137,6 +137,7 @@ def check_models(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
             opts.max_attempts  # noqa: B018 - validates the live options
             opts.retry_jitter  # noqa: B018
             opts.claim_gate  # noqa: B018
+            opts.notify  # noqa: B018
             opts.backoff(1)
             strategy = opts.strategy
         except TaskClaimError as exc:

@@ -39,7 +39,8 @@ def _channel() -> str:
     return str(taskclaim_settings.NOTIFY_CHANNEL)
 
 
-def _enabled(model: type[models.Model]) -> bool:
+def _mode(model: type[models.Model]) -> bool | str:
+    """The model's ``notify`` option (``False`` for a model that is not claimable)."""
     cached = _claimable_cache.get(model)
     if cached is None:
         cached = _claimable_cache[model] = bool(not model._meta.abstract and is_claimable(model))
@@ -56,14 +57,18 @@ def notify(model: type[models.Model], using: str | None = None) -> bool:
     notification goes out at once. Returns whether a notification was (or will be)
     sent: only on PostgreSQL, and only if the model's ``notify`` option
     (``ClaimMeta.notify`` / ``TASKCLAIM_NOTIFY``) is on. Repeated calls inside one
-    transaction send one notification.
+    transaction send one notification. With ``notify = "trigger"`` the table's trigger
+    has sent it already: nothing more is sent, and the answer is ``True``.
     """
     if model._meta.proxy:
         model = model._meta.concrete_model  # type: ignore[assignment]
     using = using or router.db_for_write(model)
     conn = connections[using]
-    if not for_connection(conn).supports_notify or not _enabled(model):
+    mode = _mode(model)
+    if not for_connection(conn).supports_notify or not mode:
         return False
+    if mode == "trigger":
+        return True
     label = model._meta.label
     # One callback per model and transaction: look for ours among the pending ones.
     for entry in conn.run_on_commit:
@@ -84,7 +89,7 @@ def notify(model: type[models.Model], using: str | None = None) -> bool:
 
 
 def _on_save(sender: type[models.Model], instance: models.Model, **kwargs: Any) -> None:
-    if kwargs.get("raw") or not _enabled(sender):
+    if kwargs.get("raw") or _mode(sender) is not True:  # "trigger": the table sends it
         return
     opts = get_options(sender)
     if getattr(instance, opts.status_field) != opts.value("ready"):

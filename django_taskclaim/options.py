@@ -185,8 +185,18 @@ class ClaimOptions:
         return str(value)
 
     @cached_property
-    def notify(self) -> bool:
-        return bool(self._get("notify"))
+    def notify(self) -> bool | str:
+        """How PostgreSQL wakes idle workers for this model's ready rows: ``True`` (the
+        ``post_save`` hook and :func:`~django_taskclaim.notify.notify` send ``NOTIFY``
+        when the transaction commits), ``"trigger"`` (a trigger on the table does, for
+        every writer: :mod:`~django_taskclaim.notify_trigger`) or ``False`` (workers
+        only poll)."""
+        value = self._get("notify")
+        if value is True or value is False or value == "trigger":
+            return value
+        raise ConfigurationError(
+            f"{self.label} notify must be True, False or 'trigger', got {value!r}"
+        )
 
     @cached_property
     def claim_gate(self) -> int | None:

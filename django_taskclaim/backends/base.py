@@ -308,6 +308,32 @@ class DatabaseSQL:
         """Start listening on the (quoted) channel, on a dedicated connection."""
         raise NotImplementedError(f"{self.vendor} cannot notify workers")
 
+    #: Whether the database itself can notify workers, from a trigger on the table
+    #: (``ClaimMeta.notify = "trigger"``; :mod:`django_taskclaim.notify_trigger`).
+    supports_notify_trigger: ClassVar[bool] = False
+
+    def notify_trigger_sql(
+        self, *, table: str, status: str, ready: str, channel: str, label: str
+    ) -> list[str]:
+        """The statements that create (or replace) the trigger notifying ``channel`` with
+        ``label`` when a row of ``table`` is inserted ``ready``, or updated to it (all
+        quoted: identifiers ``table`` and ``status``, literals ``ready``, ``channel`` and
+        ``label``)."""
+        raise NotImplementedError(f"{self.vendor} cannot notify workers from a trigger")
+
+    def notify_trigger_comment_sql(self, table: str, comment: str) -> str:
+        """Record ``comment`` (a quoted literal) on the notify trigger of ``table``."""
+        raise NotImplementedError(f"{self.vendor} cannot notify workers from a trigger")
+
+    def drop_notify_trigger_sql(self, table: str) -> str:
+        """Drop the notify trigger of the (quoted) ``table``, if it has one."""
+        raise NotImplementedError(f"{self.vendor} cannot notify workers from a trigger")
+
+    def notify_trigger_fingerprints(self, cursor: Any) -> dict[str, str]:
+        """Table name → the comment recorded on its notify trigger, for every table that
+        has one."""
+        raise NotImplementedError(f"{self.vendor} cannot notify workers from a trigger")
+
     # ----------------------------------------------------------------- connections
 
     #: The cheapest statement that proves a connection still answers.

@@ -7,8 +7,8 @@ pooler in front of it, and the queue's rows. Every check and threshold is listed
 ``docs/doctor.md``:
 
 - ``TC-D001`` the database answers; ``TC-D002`` / ``TC-D003`` pooler mode; ``TC-D004``
-  clock offset; ``TC-D005`` heartbeat against lease; ``TC-D006`` durable commits
-  (:mod:`.database`);
+  clock offset; ``TC-D005`` heartbeat against lease; ``TC-D006`` durable commits;
+  ``TC-D007`` notify triggers (:mod:`.database`);
 - ``TC-D010`` – ``TC-D013`` claim and lease indexes, and the plans that read them
   (:mod:`.indexes`);
 - ``TC-D020`` – ``TC-D023`` queue health, ``TC-D030`` finished rows to prune
@@ -127,6 +127,13 @@ def _database(
     for model in models:
         found.append(database.heartbeat(model, alias))
         if connected:
+            found += guarded(
+                database.TRIGGER,
+                "notify trigger",
+                alias,
+                model._meta.label,
+                partial(database.notify_trigger, model, alias),
+            )
             found += _model(ModelContext(model, alias, limits, registry))
     return found
 

@@ -21,16 +21,18 @@ from ..exceptions import LockUsageError, TaskClaimError
 from ..lock_checks import pooler_messages
 from ..locks.advisory import _refuse_if_proxied
 from ..monitoring import db_now
+from ..notify_trigger import trigger_state
 from ..options import get_options
 from .findings import BAD_OPTION_FIX, Finding, Thresholds, one_line
 
-REACHABLE, POOLER, PROXY, CLOCK, HEARTBEAT, DURABLE = (
+REACHABLE, POOLER, PROXY, CLOCK, HEARTBEAT, DURABLE, TRIGGER = (
     "TC-D001",
     "TC-D002",
     "TC-D003",
     "TC-D004",
     "TC-D005",
     "TC-D006",
+    "TC-D007",
 )
 
 
@@ -146,6 +148,34 @@ def durable_commits(alias: str) -> Finding:
         "innodb_flush_log_at_trx_commit = 1), in the server's configuration and in "
         "DATABASES[...]['OPTIONS'].",
     )
+
+
+def notify_trigger(model: Any, alias: str) -> list[Finding]:
+    """``TC-D007`` (PostgreSQL): a model with ``notify = "trigger"`` has its trigger, as
+    it should be now; a model without has none left over. Nothing for the others."""
+    if not for_connection(connections[alias]).supports_notify_trigger:
+        return []
+    label = model._meta.label
+    state = trigger_state(model, alias)
+    fix = (
+        "Run python manage.py migrate on this database: it creates, updates and drops the "
+        "notify triggers to match the models."
+    )
+    if state == "ok":
+        return [Finding(TRIGGER, "ok", alias, "the notify trigger is in place", label)]
+    if state == "none":
+        return []
+    title = {
+        "missing": "notify = 'trigger', but the table has no notify trigger",
+        "stale": "the notify trigger names another channel, label or ready state",
+        "unwanted": "a notify trigger is left on the table, but notify is not 'trigger'",
+    }[state]
+    detail = (
+        "workers are woken by polling only (every TASKCLAIM_POLL_INTERVAL)"
+        if state in ("missing", "stale")
+        else "every ready row is announced twice: by the trigger and by the saving process"
+    )
+    return [Finding(TRIGGER, "warning", alias, title, label, detail=detail, fix=fix)]
 
 
 def host_now() -> datetime:

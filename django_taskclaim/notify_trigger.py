@@ -1,0 +1,175 @@
+"""PostgreSQL: workers woken by the database itself, from a trigger on the table.
+
+With ``ClaimMeta.notify = "trigger"`` (or ``TASKCLAIM_NOTIFY = "trigger"``) the table of a
+claimable model carries a row trigger that sends the model's notification whenever a row
+is inserted ``ready`` or updated to it — whoever writes it: the ORM, ``bulk_create()``,
+``QuerySet.update()``, raw SQL, ``COPY``, another program. The notification goes out when
+the writing transaction commits, once per transaction. The process that enqueues sends
+nothing itself (the ``post_save`` hook and :func:`~django_taskclaim.notify.notify` stay
+silent for such a model): an ``INSERT`` in autocommit is one round trip instead of two,
+and workers hear of the row as it commits instead of one round trip later.
+
+:func:`sync_notify_triggers` makes the triggers match the models: it creates the trigger
+of every model that wants one and lacks it (or whose channel, label, status column or
+ready value changed: a fingerprint is kept in the trigger's comment), and drops the
+trigger of a model that no longer wants one. It runs after every ``migrate`` of a
+PostgreSQL database (``post_migrate``), so a change of the option or of
+``TASKCLAIM_NOTIFY_CHANNEL`` takes effect with the next ``migrate``; when there is
+nothing to change it only reads ``pg_trigger``. Each change is one short transaction
+that waits at most :data:`LOCK_TIMEOUT` for the table's lock (creating a trigger blocks
+writes to the table for an instant): a busy table is skipped with a warning, and the next
+``migrate`` tries again. Workers poll as well, so a missing trigger delays tasks by at most
+one poll interval and loses none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+
+from django.apps import apps
+from django.db import DatabaseError, connections, models, router, transaction
+
+from .backends import for_connection
+from .conf import taskclaim_settings
+from .exceptions import TaskClaimError
+from .options import get_options, is_claimable
+
+logger = logging.getLogger("django_taskclaim.notify")
+
+#: How long a trigger change waits for its table's lock before giving up (it is then
+#: tried again by the next ``migrate``).
+LOCK_TIMEOUT = "5s"
+
+
+def trigger_models(using: str) -> list[type[models.Model]]:
+    """The claimable models whose table lives on ``using`` (per the routers), concrete
+    and managed: the tables :func:`sync_notify_triggers` looks at."""
+    found = []
+    for model in apps.get_models():
+        meta = model._meta
+        if meta.abstract or meta.proxy or not meta.managed or not is_claimable(model):
+            continue
+        if router.allow_migrate_model(using, model):
+            found.append(model)
+    return found
+
+
+def wants_trigger(model: type[models.Model]) -> bool:
+    """Whether ``model`` asks for the notify trigger (its ``notify`` option is
+    ``"trigger"``); an invalid option counts as no (the system checks report it)."""
+    try:
+        return get_options(model).notify == "trigger"
+    except TaskClaimError:
+        return False
+
+
+def sync_notify_triggers(
+    using: str, models_: list[type[models.Model]] | None = None
+) -> list[tuple[str, str]]:
+    """Create, update or drop the notify triggers of ``models_`` (default:
+    :func:`trigger_models`) on the database ``using`` so that exactly the models whose
+    ``notify`` option is ``"trigger"`` have one, with the current channel, label, status
+    column and ready value. Returns ``(label, what)`` for each change made (``"created"``,
+    ``"updated"``, ``"dropped"``, ``"skipped: …"``). A no-op on databases without
+    triggers that notify (anything but PostgreSQL). Tables that do not exist (yet) are
+    left alone."""
+    conn = connections[using]
+    backend = for_connection(conn)
+    if not backend.supports_notify_trigger:
+        return []
+    existing = set(conn.introspection.table_names())
+    with conn.cursor() as cursor:
+        triggers = backend.notify_trigger_fingerprints(cursor)
+    qn = conn.ops.quote_name
+    changes = []
+    for model in trigger_models(using) if models_ is None else models_:
+        table = model._meta.db_table
+        if table not in existing:
+            continue
+        have = triggers.get(table)
+        if wants_trigger(model):
+            statements, fingerprint = wanted_trigger(model, conn)
+            if have == fingerprint:
+                continue
+            statements.append(
+                backend.notify_trigger_comment_sql(qn(table), _quoter(conn)(fingerprint))
+            )
+            what = "created" if have is None else "updated"
+        elif have is not None:
+            statements = [backend.drop_notify_trigger_sql(qn(table))]
+            what = "dropped"
+        else:
+            continue
+        try:
+            _apply(conn, statements)
+        except DatabaseError as exc:
+            what = f"skipped: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc}"
+            logger.warning(
+                "notify trigger of %s not changed (its workers keep polling; the next "
+                "migrate tries again): %s",
+                model._meta.label,
+                what,
+            )
+        else:
+            logger.info("notify trigger %s model=%s table=%s", what, model._meta.label, table)
+        changes.append((model._meta.label, what))
+    return changes
+
+
+def wanted_trigger(model: type[models.Model], conn: Any) -> tuple[list[str], str]:
+    """The statements creating ``model``'s notify trigger as it should be now (channel,
+    label, status column, ready value), and their fingerprint (kept in the trigger's
+    comment)."""
+    opts = get_options(model)
+    quote = _quoter(conn)
+    qn = conn.ops.quote_name
+    statements = for_connection(conn).notify_trigger_sql(
+        table=qn(model._meta.db_table),
+        status=qn(opts.status_column),
+        ready=quote(opts.value("ready")),
+        channel=quote(str(taskclaim_settings.NOTIFY_CHANNEL)),
+        label=quote(model._meta.label),
+    )
+    return statements, "taskclaim " + hashlib.sha256("\n".join(statements).encode()).hexdigest()
+
+
+def trigger_state(model: type[models.Model], using: str) -> str:
+    """``"ok"`` (as it should be), ``"missing"``, ``"stale"`` (another channel, label,
+    status column or ready value) or ``"unwanted"`` (present, not asked for), ``"none"``
+    (absent, not asked for): ``model``'s notify trigger on ``using`` (PostgreSQL)."""
+    conn = connections[using]
+    with conn.cursor() as cursor:
+        have = for_connection(conn).notify_trigger_fingerprints(cursor).get(model._meta.db_table)
+    if not wants_trigger(model):
+        return "none" if have is None else "unwanted"
+    if have is None:
+        return "missing"
+    return "ok" if have == wanted_trigger(model, conn)[1] else "stale"
+
+
+def _quoter(conn: Any) -> Any:
+    """A function making an SQL literal of a value (the driver's quoting, as the schema
+    editor writes defaults)."""
+    return conn.schema_editor().quote_value
+
+
+def _apply(conn: Any, statements: list[str]) -> None:
+    """Run ``statements`` in one transaction that waits at most :data:`LOCK_TIMEOUT` for a
+    lock. They carry their values as quoted literals and are sent without parameters
+    (a ``%`` in a literal stays as it is)."""
+    with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
+        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        for sql in statements:
+            cursor.execute(sql)
+
+
+def on_post_migrate(using: str = "default", **kwargs: Any) -> None:
+    """``post_migrate`` receiver: :func:`sync_notify_triggers` on the migrated database."""
+    changes = sync_notify_triggers(using)
+    verbosity = kwargs.get("verbosity", 1)
+    stdout = kwargs.get("stdout")
+    if changes and verbosity >= 1 and stdout is not None:
+        for label, what in changes:
+            stdout.write(f"  taskclaim: notify trigger of {label} {what}\n")
