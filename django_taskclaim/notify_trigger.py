@@ -159,8 +159,9 @@ def _apply(conn: Any, statements: list[str]) -> None:
     """Run ``statements`` in one transaction that waits at most :data:`LOCK_TIMEOUT` for a
     lock. They carry their values as quoted literals and are sent without parameters
     (a ``%`` in a literal stays as it is)."""
+    timeout = for_connection(conn).set_lock_timeout(LOCK_TIMEOUT)
     with transaction.atomic(using=conn.alias), conn.cursor() as cursor:
-        cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        cursor.execute(timeout.sql, timeout.params)
         for sql in statements:
             cursor.execute(sql)
 
