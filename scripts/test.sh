@@ -113,11 +113,13 @@ mariadb_skip_reason() {
 # worker subprocesses and the database, so a third worker fills the cores the long
 # multi-process tests leave idle (the PostgreSQL pass on an otherwise quiet machine:
 # 326 s with 3 workers, cores idle 2 % of the time; 428–434 s with 2).
+# --dist worksteal: an idle worker takes queued tests from a busy one, so a pass does not
+# end with one worker running long multi-process tests alone.
 # TASKCLAIM_WORKERS=0 runs them in one process.
 MAIN_TESTS=(-q)
 workers=${TASKCLAIM_WORKERS:-3}
 if [ "$workers" != 0 ] && "$py" -c "import xdist" 2>/dev/null; then
-  MAIN_TESTS+=(-n "$workers")
+  MAIN_TESTS+=(-n "$workers" --dist worksteal)
 fi
 if [ -n "${TASKCLAIM_TESTS:-}" ]; then
   read -r -a sel <<<"$TASKCLAIM_TESTS"

@@ -45,6 +45,50 @@ def vendor() -> str:
 
 def pytest_configure(config):
     os.environ.setdefault("TASKCLAIM_TESTING", "1")
+    _flush_postgresql_touched_tables()
+
+
+def _flush_postgresql_touched_tables() -> None:
+    """After each transactional test Django empties every table. On PostgreSQL it sends one
+    ``TRUNCATE`` of all of them, which gives every table and index new files: 0.2 s per test
+    on a quiet machine, over a second under the suite's own load, and most tests here are
+    transactional (claims refuse to run inside the test's transaction). Here the flush
+    truncates only the tables whose file is not empty (written since their last
+    ``TRUNCATE``), with ``CASCADE`` for the tables that reference them: the same end state
+    (every table empty, fresh files, so the planner sees what it saw after Django's flush;
+    a ``DELETE`` would leave dead pages behind and change plans), in a few milliseconds.
+    A flush that resets sequences keeps Django's statement."""
+    try:
+        from django.db.backends.postgresql.operations import DatabaseOperations
+    except ImportError:  # no PostgreSQL driver: no PostgreSQL tests either
+        return
+
+    truncate_all = DatabaseOperations.sql_flush
+
+    def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
+        if reset_sequences or not tables:
+            return truncate_all(
+                self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade
+            )
+        with self.connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT c.relname FROM pg_class c WHERE c.relname = ANY(%s) "
+                "AND c.relnamespace = to_regnamespace(current_schema())::oid "
+                "AND (c.relkind = 'p' OR pg_relation_size(c.oid) > 0)",
+                [list(tables)],
+            )
+            touched = sorted(name for (name,) in cursor.fetchall())
+        if not touched:
+            return []
+        return [
+            "{} {} {};".format(
+                style.SQL_KEYWORD("TRUNCATE"),
+                ", ".join(style.SQL_FIELD(self.quote_name(t)) for t in touched),
+                style.SQL_KEYWORD("CASCADE"),
+            )
+        ]
+
+    DatabaseOperations.sql_flush = sql_flush
 
 
 @pytest.fixture(autouse=True)
