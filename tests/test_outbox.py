@@ -359,7 +359,14 @@ def test_fenced_completion_of_stale_rows_writes_nothing():
             [LABEL, "--publisher", "rabbitmq", "--url", "amqp://guest:guest@127.0.0.1:1/%2F"],
             "unreachable",
         ),
-        ([LABEL, "--publisher", "nats", "--url", "nats://127.0.0.1:1"], "unreachable"),
+        (
+            [LABEL, "--publisher", "nats", "--url", "nats://127.0.0.1:1", "--timeout", "1"],
+            "unreachable",
+        ),
+        (
+            [LABEL, "--publisher", "nats", "--url", "nats://127.0.0.1:1", "--timeout", "0"],
+            "--timeout",
+        ),
         (
             [LABEL, "--publisher", "rabbitmq", "--url", "amqp://x", "--partitions", "0"],
             "--partitions",
@@ -377,6 +384,26 @@ def test_command_errors_are_one_clear_line(args, expected):
     assert expected in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert len([line for line in done.stderr.splitlines() if line.strip()]) <= 3
+
+
+def test_the_timeout_option_reaches_the_publisher(monkeypatch):
+    from django.core.management import CommandError, call_command
+
+    from django_taskclaim.management.commands import taskclaim_relay
+
+    made = []
+
+    def refuse(name, url, **options):
+        made.append((name, options))
+        raise PublishError("refused")
+
+    monkeypatch.setattr(taskclaim_relay, "make_publisher", refuse)
+    with pytest.raises(CommandError, match="unreachable: refused"):
+        call_command("taskclaim_relay", LABEL, "--publisher", "nats", "--url", "nats://x",
+                     "--timeout", "2.5")  # fmt: skip
+    with pytest.raises(CommandError, match="unreachable"):
+        call_command("taskclaim_relay", LABEL, "--publisher", "rabbitmq", "--url", "amqp://x")
+    assert made == [("nats", {"timeout": 2.5}), ("rabbitmq", {"timeout": 10.0, "exchange": ""})]
 
 
 def test_sigterm_stops_the_relay_gracefully(procs, broker):

@@ -46,6 +46,11 @@ class Command(BaseCommand):
         )
         parser.add_argument("--poll", default="0.5", help="seconds between idle passes")
         parser.add_argument("--exchange", default="", help="RabbitMQ exchange (default '')")
+        parser.add_argument(
+            "--timeout",
+            default="10",
+            help="seconds to wait for the broker: connecting, confirming a batch (default 10)",
+        )
         parser.add_argument("--burst", action="store_true", help="drain, then exit")
         parser.add_argument("--database", default=None, help="database alias")
 
@@ -82,9 +87,14 @@ class Command(BaseCommand):
             batch = bounds.number(options["batch"], "--batch", bounds.CLAIM_SIZE, parse=True)
             lease = bounds.number(options["lease"], "--lease", bounds.Bound(1, 3600), parse=True)
             poll = bounds.number(options["poll"], "--poll", bounds.Bound(0.01, 60), parse=True)
+            timeout = bounds.number(
+                options["timeout"], "--timeout", bounds.Bound(0.1, 300), parse=True
+            )
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from None
-        extra = {"exchange": options["exchange"]} if options["publisher"] == "rabbitmq" else {}
+        extra: dict[str, Any] = {"timeout": float(timeout)}
+        if options["publisher"] == "rabbitmq":
+            extra["exchange"] = options["exchange"]
         try:
             publisher = make_publisher(options["publisher"], options["url"], **extra)
             publisher.connect()
