@@ -116,7 +116,8 @@ def test_broken_recipes_double_claim(tmp_path, recipe):
     """The harness can fail: the well-known broken recipes hand rows to two claimers."""
     if connection.vendor != "postgresql":
         pytest.skip("the double claims are demonstrated on PostgreSQL")
-    Document.objects.bulk_create([Document(title=str(i)) for i in range(1000)])
+    # 300 rows: most of them (70-99 % in trial runs) are handed out twice.
+    Document.objects.bulk_create([Document(title=str(i)) for i in range(300)])
     claims, _ = run_claimers(tmp_path, recipe=recipe, batch_max=5)
     counts = Counter(c["pk"] for c in claims)
     doubles = sum(1 for k in counts.values() if k > 1)
