@@ -45,7 +45,9 @@ LOCK_TIMEOUT = "5s"
 
 def trigger_models(using: str) -> list[type[models.Model]]:
     """The claimable models whose table lives on ``using`` (per the routers), concrete
-    and managed: the tables :func:`sync_notify_triggers` looks at."""
+    and managed: the tables :func:`sync_notify_triggers` looks at. Not
+    :func:`~django_taskclaim.options.claimable_models`: a model of an app that opts out
+    of discovery (``taskclaim_discover = False``) may still ask for its trigger."""
     found = []
     for model in apps.get_models():
         meta = model._meta
