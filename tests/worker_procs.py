@@ -65,6 +65,12 @@ class WorkerProc:
         self.err.seek(0)
         return self.err.read()
 
+    def stderr_count(self, text: str, n: int, timeout: float = 30) -> int:
+        """How many times ``text`` is in stderr, once it is there at least ``n`` times
+        (a process may write a line a moment after the effect a test waited for)."""
+        wait_for(lambda: self.stderr().count(text) >= n, timeout=timeout, what=f"{n} x {text!r}")
+        return self.stderr().count(text)
+
     def wait_started(self, timeout: float = 30) -> None:
         wait_for(
             lambda: "taskclaim worker" in self.stdout() or not self.alive(),
