@@ -103,3 +103,59 @@ def test_round_trips_claim_one_complete_one():
     with CaptureQueriesContext(connection) as q:
         assert Document.objects.claim_next(strategy="advisory") is not None
     assert len(q.captured_queries) == 1
+
+
+def test_a_serializable_claim_that_loses_every_race_claims_nothing(settings):
+    """Another session updates the one ready row while a ``serializable`` claim waits on
+    it; when that session commits, the claim's transaction cannot serialize. With no
+    retries left the claim returns ``[]`` (the row went to someone else) instead of
+    raising a database error at the caller — and the row is the other session's."""
+    import threading
+
+    from django.db import connections
+
+    from tests.helpers import wait_for
+
+    settings.TASKCLAIM_DB_RETRIES = 0
+    doc = Document.objects.create(title="contended")
+    other = connections.create_connection("default")
+    outcome: dict[str, object] = {}
+    try:
+        other.set_autocommit(False)
+        with other.cursor() as cur:
+            cur.execute(
+                "UPDATE testapp_document SET status = 'processing', version = version + 1, "
+                "locked_by = 'other' WHERE id = %s",
+                [doc.pk],
+            )
+
+        def claim() -> None:
+            try:
+                with connection.cursor() as cur:
+                    cur.execute("SELECT pg_backend_pid()")
+                    outcome["pid"] = cur.fetchone()[0]
+                outcome["rows"] = Document.objects.claim(1, strategy="serializable")
+            except BaseException as exc:  # the assertion below reports it
+                outcome["error"] = exc
+            finally:
+                connections.close_all()
+
+        claimer = threading.Thread(target=claim)
+        claimer.start()
+
+        def claimer_waits_on_the_row() -> bool:
+            if "pid" not in outcome:
+                return False
+            with connection.cursor() as cur:
+                cur.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0", [outcome["pid"]])
+                return bool(cur.fetchone()[0])
+
+        wait_for(claimer_waits_on_the_row, what="the claim waiting on the updated row")
+        other.commit()
+        claimer.join(timeout=30)
+    finally:
+        other.close()
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["rows"] == []
+    doc.refresh_from_db()
+    assert (doc.status, doc.locked_by) == ("processing", "other")
