@@ -14,12 +14,12 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Self
 
 from asgiref.sync import sync_to_async
-from django.db import models
+from django.db import DatabaseError, models
 from django.db.models import Count, F, Q, Value
 from django.db.models.functions import Coalesce, Concat
 
 from . import bounds, lifecycle, signals
-from .db import DbNow, default_worker_id, in_user_atomic, retry_transient
+from .db import DbNow, default_worker_id, in_user_atomic, is_transient, retry_transient
 from .exceptions import ClaimInTransactionError, ConfigurationError
 from .options import ClaimOptions, get_options
 from .strategies import resolve, status_recheck, validate_lease
@@ -173,7 +173,8 @@ class ClaimQuerySetMixin(_QuerySetBase):
         database); each returned row is ``processing`` with its token (``version``)
         and ``attempts`` bumped and ``locked_until = now() + lease`` on the database
         clock; rows come oldest first within priority. Fewer than ``n`` (or none) may
-        come back when rows are scarce or held by others. Refused inside the caller's
+        come back when rows are scarce or held by others (with ``serializable``, also
+        when every retry lost the race to other claimers). Refused inside the caller's
         own ``atomic()`` block (except with ``strategy="hold"``, which requires one).
         """
         n = bounds.number(n, "claim(n)", bounds.CLAIM_SIZE, error=ValueError)
@@ -201,13 +202,19 @@ class ClaimQuerySetMixin(_QuerySetBase):
             )
         cache_key = _plain_key(self, strat.name)
         qs = _claimable(self, cache_key)
-        rows = retry_transient(
-            lambda: strat.claim(
-                qs, n, opts=opts, lease=lease_s, worker=worker, cache_key=cache_key
-            ),
-            using,
-            what=f"claim {opts.label}",
-        )
+        try:
+            rows = retry_transient(
+                lambda: strat.claim(
+                    qs, n, opts=opts, lease=lease_s, worker=worker, cache_key=cache_key
+                ),
+                using,
+                what=f"claim {opts.label}",
+            )
+        except DatabaseError as exc:
+            if not (strat.conflict_means_taken and is_transient(exc, using)):
+                raise
+            logger.info("claim of %s lost the race on every retry: claimed nothing", opts.label)
+            return []
         if rows:
             signals.task_claimed.send(sender=self.model, tasks=rows, worker=worker, using=using)
         return rows

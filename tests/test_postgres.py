@@ -105,7 +105,7 @@ def test_round_trips_claim_one_complete_one():
     assert len(q.captured_queries) == 1
 
 
-def test_a_serializable_claim_that_loses_every_race_claims_nothing(settings):
+def test_a_serializable_claim_that_loses_every_race_claims_nothing(settings, caplog):
     """Another session updates the one ready row while a ``serializable`` claim waits on
     it; when that session commits, the claim's transaction cannot serialize. With no
     retries left the claim returns ``[]`` (the row went to someone else) instead of
@@ -117,6 +117,7 @@ def test_a_serializable_claim_that_loses_every_race_claims_nothing(settings):
     from tests.helpers import wait_for
 
     settings.TASKCLAIM_DB_RETRIES = 0
+    caplog.set_level("INFO", logger="django_taskclaim.claim")
     doc = Document.objects.create(title="contended")
     other = connections.create_connection("default")
     outcome: dict[str, object] = {}
@@ -157,5 +158,6 @@ def test_a_serializable_claim_that_loses_every_race_claims_nothing(settings):
         other.close()
     assert "error" not in outcome, outcome.get("error")
     assert outcome["rows"] == []
+    assert "lost the race on every retry" in caplog.text
     doc.refresh_from_db()
     assert (doc.status, doc.locked_by) == ("processing", "other")

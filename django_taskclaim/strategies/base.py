@@ -32,6 +32,9 @@ class Strategy:
     name = ""
     #: "hold" runs inside the caller's transaction; the others refuse one
     needs_caller_atomic = False
+    #: a serialization failure that outlasts the retries means the rows went to other
+    #: claimers ("serializable"): the claim returns ``[]`` instead of raising it
+    conflict_means_taken = False
 
     def supported(self, using: str) -> bool:
         """Whether this strategy works on the database ``using`` (its vendor's

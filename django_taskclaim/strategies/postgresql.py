@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import DatabaseError, connections, models, transaction
+from django.db import connections, models, transaction
 
 from ..backends import PostgreSQL, for_alias
 from ..backends.postgresql import table_key
-from ..conf import taskclaim_settings
-from ..db import is_transient, retry_transient
 from . import keyed
 from .base import Strategy
 from .skip_locked import SkipLocked
@@ -18,8 +15,6 @@ from .statements import _claim_returning, _compiled_candidates
 
 if TYPE_CHECKING:
     from ..options import ClaimOptions
-
-logger = logging.getLogger("django_taskclaim.claim")
 
 
 def advisory_table_key(model: type[models.Model]) -> int:
@@ -66,13 +61,12 @@ class Advisory(Strategy):
 class Serializable(Strategy):
     """PostgreSQL: plain SELECT + UPDATE inside a SERIALIZABLE transaction.
 
-    Conflicting claimers get a serialization failure, retried inside the library
-    (``TASKCLAIM_DB_RETRIES`` times, with jittered backoff). A claim that loses the race
-    every time returns ``[]``, as a claim finding nothing does: the rows it wanted went
-    to other claimers, and the caller claims again when it would after an empty claim.
+    Conflicting claimers get a serialization failure, retried inside the library; a
+    claim that loses every retry claims nothing (:attr:`Strategy.conflict_means_taken`).
     """
 
     name = "serializable"
+    conflict_means_taken = True
 
     def claim(
         self,
@@ -84,33 +78,23 @@ class Serializable(Strategy):
         worker: str,
         cache_key: tuple[Any, ...] | None = None,
     ) -> list[models.Model]:
-        def once() -> list[models.Model]:
-            with transaction.atomic(using=qs.db):
-                with connections[qs.db].cursor() as cursor:
-                    cursor.execute(cast(PostgreSQL, for_alias(qs.db)).serializable_sql)
-                if opts.concurrency is not None:
+        if opts.concurrency is not None:
+
+            def serializable() -> list[models.Model]:
+                with transaction.atomic(using=qs.db):
+                    with connections[qs.db].cursor() as cursor:
+                        cursor.execute(cast(PostgreSQL, for_alias(qs.db)).serializable_sql)
                     return keyed.claim_one_statement(
                         qs, n, opts=opts, lease=lease, worker=worker, cache_key=cache_key,
                         lock="",
                     )  # fmt: skip
-                sql, params = _compiled_candidates(qs, opts, n, cache_key)
-                return _claim_returning(qs, sql, params, n=n, opts=opts, lease=lease, worker=worker)
 
-        def retried() -> list[models.Model]:
-            if opts.concurrency is not None:
-                return keyed.retry_key_conflicts(once, opts, qs.db)
-            return once()
-
-        try:
-            return retry_transient(retried, qs.db, what=f"claim {opts.label}")
-        except DatabaseError as exc:
-            if not is_transient(exc, qs.db):
-                raise
-            logger.info(
-                "serializable claim of %s lost every race (%s tries): claimed nothing",
-                opts.label, int(taskclaim_settings.DB_RETRIES) + 1,
-            )  # fmt: skip
-            return []
+            return keyed.retry_key_conflicts(serializable, opts, qs.db)
+        with transaction.atomic(using=qs.db):
+            with connections[qs.db].cursor() as cursor:
+                cursor.execute(cast(PostgreSQL, for_alias(qs.db)).serializable_sql)
+            sql, params = _compiled_candidates(qs, opts, n, cache_key)
+            return _claim_returning(qs, sql, params, n=n, opts=opts, lease=lease, worker=worker)
 
 
 class Hold(Strategy):
