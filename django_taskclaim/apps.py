@@ -9,13 +9,17 @@ class TaskClaimConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django.db.models.signals import post_migrate
+        from django.db.models.signals import post_migrate, pre_migrate
 
         from . import checks, lock_checks  # noqa: F401  (register the system checks)
         from .notify import connect_signals  # deferred: connected once the app registry is ready
-        from .notify_trigger import on_post_migrate
+        from .notify_trigger import on_post_migrate, on_pre_migrate
 
         connect_signals()
+        # Triggers are set aside while migrations run (they pin the columns they read).
+        pre_migrate.connect(
+            on_pre_migrate, sender=self, dispatch_uid="django_taskclaim.notify_trigger.pre"
+        )
         post_migrate.connect(
             on_post_migrate, sender=self, dispatch_uid="django_taskclaim.notify_trigger"
         )

@@ -20,6 +20,13 @@ that waits at most :data:`LOCK_TIMEOUT` for the table's lock (creating a trigger
 writes to the table for an instant): a busy table is skipped with a warning, and the next
 ``migrate`` tries again. Workers poll as well, so a missing trigger delays tasks by at most
 one poll interval and loses none.
+
+A trigger depends on the status column it reads, and PostgreSQL refuses to change the type
+of such a column (``cannot alter type of a column used in a trigger definition``). So a
+``migrate`` that has migrations to run first sets aside the triggers of the apps those
+migrations belong to (:func:`set_triggers_aside`, ``pre_migrate``), and the
+``post_migrate`` sync puts them back: an ``AlterField`` of the status column takes one
+``migrate``. Between the two the table's workers are woken by their poll.
 """
 
 from __future__ import annotations
@@ -41,6 +48,10 @@ logger = logging.getLogger("django_taskclaim.notify")
 #: How long a trigger change waits for its table's lock before giving up (it is then
 #: tried again by the next ``migrate``).
 LOCK_TIMEOUT = "5s"
+
+#: Per database alias: the triggers :func:`set_triggers_aside` dropped for a ``migrate``
+#: (table → fingerprint), until its ``post_migrate`` puts them back.
+_SET_ASIDE: dict[str, dict[str, str]] = {}
 
 
 def trigger_models(using: str) -> list[type[models.Model]]:
@@ -68,15 +79,20 @@ def wants_trigger(model: type[models.Model]) -> bool:
 
 
 def sync_notify_triggers(
-    using: str, models_: list[type[models.Model]] | None = None
+    using: str,
+    models_: list[type[models.Model]] | None = None,
+    *,
+    set_aside: dict[str, str] | None = None,
 ) -> list[tuple[str, str]]:
     """Create, update or drop the notify triggers of ``models_`` (default:
     :func:`trigger_models`) on the database ``using`` so that exactly the models whose
     ``notify`` option is ``"trigger"`` have one, with the current channel, label, status
     column and ready value. Returns ``(label, what)`` for each change made (``"created"``,
-    ``"updated"``, ``"dropped"``, ``"skipped: …"``). A no-op on databases without
-    triggers that notify (anything but PostgreSQL). Tables that do not exist (yet) are
-    left alone."""
+    ``"updated"``, ``"dropped"``, ``"restored"``: put back as it was before
+    ``set_aside``, ``"skipped: …"``). ``set_aside`` (table → fingerprint) names the
+    triggers :func:`set_triggers_aside` dropped for a migration: each counts as still
+    there. A no-op on databases without triggers that notify (anything but PostgreSQL).
+    Tables that do not exist (yet) are left alone."""
     conn = connections[using]
     backend = for_connection(conn)
     if not backend.supports_notify_trigger:
@@ -91,6 +107,7 @@ def sync_notify_triggers(
         if table not in existing:
             continue
         have = triggers.get(table)
+        before = have if have is not None else (set_aside or {}).get(table)
         if wants_trigger(model):
             statements, fingerprint = wanted_trigger(model, conn)
             if have == fingerprint:
@@ -98,10 +115,17 @@ def sync_notify_triggers(
             statements.append(
                 backend.notify_trigger_comment_sql(qn(table), _quoter(conn)(fingerprint))
             )
-            what = "created" if have is None else "updated"
+            if before is None:
+                what = "created"
+            else:
+                what = "restored" if have is None and before == fingerprint else "updated"
         elif have is not None:
             statements = [backend.drop_notify_trigger_sql(qn(table))]
             what = "dropped"
+        elif before is not None:  # set aside for the migration, and no longer wanted
+            logger.info("notify trigger dropped model=%s table=%s", model._meta.label, table)
+            changes.append((model._meta.label, "dropped"))
+            continue
         else:
             continue
         try:
@@ -168,11 +192,72 @@ def _apply(conn: Any, statements: list[str]) -> None:
             cursor.execute(sql)
 
 
+def set_triggers_aside(
+    using: str, app_labels: set[str], registries: list[Any] | None = None
+) -> dict[str, str]:
+    """Drop the notify triggers on the tables of the models of ``app_labels`` (as the
+    app registries ``registries`` know them; default: the project's) on the database
+    ``using``, so that their migrations may change the columns the triggers read.
+    Returns table → fingerprint of each trigger dropped; :func:`on_post_migrate` puts
+    them back. A table whose lock cannot be had within :data:`LOCK_TIMEOUT` keeps its
+    trigger (with a warning). A no-op on databases without triggers that notify."""
+    conn = connections[using]
+    backend = for_connection(conn)
+    if not backend.supports_notify_trigger or not app_labels:
+        return {}
+    with conn.cursor() as cursor:
+        triggers = backend.notify_trigger_fingerprints(cursor)
+    if not triggers:
+        return {}
+    labels: dict[str, str] = {}
+    for registry in registries or [apps]:
+        for model in registry.get_models():
+            meta = model._meta
+            if meta.app_label in app_labels and meta.db_table in triggers:
+                labels.setdefault(meta.db_table, meta.label)
+    qn = conn.ops.quote_name
+    dropped = {}
+    for table, label in sorted(labels.items()):
+        try:
+            _apply(conn, [backend.drop_notify_trigger_sql(qn(table))])
+        except DatabaseError as exc:
+            logger.warning(
+                "notify trigger of %s not set aside for the migration (a migration that "
+                "changes a column it reads will fail; migrate again): %s",
+                label,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else exc,
+            )
+            continue
+        dropped[table] = triggers[table]
+        logger.info("notify trigger set aside for the migration model=%s table=%s", label, table)
+    return dropped
+
+
+def on_pre_migrate(using: str = "default", **kwargs: Any) -> None:
+    """``pre_migrate`` receiver: when migrations are about to run, set aside the notify
+    triggers of their apps (:func:`set_triggers_aside`; the registry of the migration
+    state as well as the project's, for a table renamed since) until ``post_migrate``."""
+    plan = kwargs.get("plan") or []
+    labels = {migration.app_label for migration, _backwards in plan}
+    if not labels:
+        return
+    registries = [apps] + ([kwargs["apps"]] if kwargs.get("apps") is not None else [])
+    dropped = set_triggers_aside(using, labels, registries)
+    _SET_ASIDE.setdefault(using, {}).update(dropped)
+    stdout = kwargs.get("stdout")
+    if dropped and kwargs.get("verbosity", 1) >= 2 and stdout is not None:
+        for table in dropped:
+            stdout.write(f"  taskclaim: notify trigger of table {table} set aside\n")
+
+
 def on_post_migrate(using: str = "default", **kwargs: Any) -> None:
-    """``post_migrate`` receiver: :func:`sync_notify_triggers` on the migrated database."""
-    changes = sync_notify_triggers(using)
+    """``post_migrate`` receiver: :func:`sync_notify_triggers` on the migrated database,
+    putting back the triggers :func:`on_pre_migrate` set aside. Prints each change, not
+    a trigger put back as it was (unless ``verbosity`` ≥ 2)."""
+    changes = sync_notify_triggers(using, set_aside=_SET_ASIDE.pop(using, {}))
     verbosity = kwargs.get("verbosity", 1)
     stdout = kwargs.get("stdout")
     if changes and verbosity >= 1 and stdout is not None:
         for label, what in changes:
-            stdout.write(f"  taskclaim: notify trigger of {label} {what}\n")
+            if what != "restored" or verbosity >= 2:
+                stdout.write(f"  taskclaim: notify trigger of {label} {what}\n")

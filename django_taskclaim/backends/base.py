@@ -232,7 +232,12 @@ class DatabaseSQL:
         Why: concurrent ``FOR UPDATE SKIP LOCKED`` claims each walk the head of the claim
         index and step over every row the others hold locked until they commit, so
         each one's cost grows with the number of claims in flight. Claims that take
-        turns never step over each other's rows, and a waiting claim costs nothing."""
+        turns never step over each other's rows, and a waiting claim costs nothing.
+
+        Where the gate and its claim go as two round trips, the statement also bounds
+        how long its transaction may wait idle for the client: a client frozen between
+        the two loses its session (and the gate) instead of holding every other large
+        claim back."""
         return None
 
     def several_statements(self, settings_dict: Mapping[str, Any]) -> bool:

@@ -32,6 +32,11 @@ def _int32(data: bytes) -> int:
 #: <this, as unsigned>`` lists the gates taken and waited for.
 CLAIM_GATE_SPACE = _int32(b"django_taskclaim.claim_gate")
 
+#: How long a transaction holding a claim gate may sit idle waiting for its client before
+#: the server ends the session (``idle_in_transaction_session_timeout``, for that
+#: transaction only). A healthy client sends its claim within a round trip.
+CLAIM_GATE_IDLE_TIMEOUT = "5s"
+
 
 def table_key(table: str) -> int:
     """An int32 naming ``table`` (unquoted) in advisory-lock key pairs: the first half of
@@ -175,10 +180,18 @@ class PostgreSQL(DatabaseSQL):
         """``pg_advisory_xact_lock(space, table key)`` (:func:`claim_gate_key`): the
         waiting statement takes a snapshot, but holds no row lock and no transaction id;
         the claim that follows takes its own snapshot once the gate is open, so it sees
-        every row the claim before it took."""
+        every row the claim before it took.
+
+        The same statement sets ``idle_in_transaction_session_timeout`` for its
+        transaction (:data:`CLAIM_GATE_IDLE_TIMEOUT`): where the gate and the claim are
+        two round trips (server-side binding), a client frozen between them would
+        otherwise hold every large claim of the table back for as long as it stays
+        frozen; past the bound the server ends its session, and with it the transaction
+        (nothing was claimed) and the gate."""
         return Statement(
-            "SELECT pg_advisory_xact_lock(CAST(%s AS integer), CAST(%s AS integer))",
-            claim_gate_key(table),
+            "SELECT pg_advisory_xact_lock(CAST(%s AS integer), CAST(%s AS integer)) "
+            "FROM set_config('idle_in_transaction_session_timeout', %s, true)",
+            (*claim_gate_key(table), CLAIM_GATE_IDLE_TIMEOUT),
         )
 
     def several_statements(self, settings_dict: Mapping[str, Any]) -> bool:

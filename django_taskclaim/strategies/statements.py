@@ -115,7 +115,9 @@ def fetch_claimed(conn: Any, statement: Statement, gate: Statement | None) -> li
 
     The gate and the claim go in one round trip, one transaction, where the driver
     takes several statements per call; else (psycopg 3 with server-side binding) in a
-    transaction of two statements."""
+    transaction of two statements, whose gate statement bounds how long the transaction
+    may wait idle for this client: frozen between the two, it loses its session (the
+    claim raises, nothing was claimed) instead of holding the gate for everyone."""
     backend = for_connection(conn)
     if gate is None:
         with conn.cursor() as cursor:

@@ -2,8 +2,10 @@
 
 At most once per ``TASKCLAIM_REAP_INTERVAL`` across all hosts (a lease lock on
 :data:`REAP_LOCK_KEY`, left to lapse), one worker recovers the rows whose lease expired
-(:func:`~django_taskclaim.reaper.recover`). A worker that falls silent is never
-declared dead here: its rows wait for their lease (NO EARLY RE-RUN).
+(:func:`~django_taskclaim.reaper.recover`). A worker makes its first attempt a few
+seconds after it starts (:data:`FIRST_REAP`), not a whole interval later, so a fleet whose
+workers keep dying young still recovers. A worker that falls silent is never declared
+dead here: its rows wait for their lease (NO EARLY RE-RUN).
 """
 
 from __future__ import annotations
@@ -24,6 +26,17 @@ from .dbconn import close, one_line
 logger = logging.getLogger("django_taskclaim.worker")
 
 REAP_LOCK_KEY = "taskclaim:reap"
+
+#: Seconds (low, high) after its start at which a worker first tries to reap: drawn
+#: uniformly, so a fleet started at once does not meet at the reap lock together; never
+#: later than the periodic draw would have been.
+FIRST_REAP = (0.5, 3.0)
+
+
+def first_wait(interval: float) -> float:
+    """Seconds before a worker's first reap: soon after its start (:data:`FIRST_REAP`),
+    or sooner when the reap interval is shorter."""
+    return min(random.uniform(*FIRST_REAP), interval * random.uniform(0.8, 1.2))
 
 
 class Reaping(threading.Thread):
@@ -49,9 +62,12 @@ class Reaping(threading.Thread):
 
     def run(self) -> None:
         failures = 0
+        first = True
         while True:
             interval = float(taskclaim_settings.REAP_INTERVAL)
-            if self.halt.wait(interval * random.uniform(0.8, 1.2)):
+            wait = first_wait(interval) if first else interval * random.uniform(0.8, 1.2)
+            first = False
+            if self.halt.wait(wait):
                 break
             if self.stopping.is_set():
                 continue
