@@ -182,8 +182,10 @@ def archive_finished(
     database has it: a row another transaction holds is left for the next run), copied,
     and deleted by primary key; if the copy and the delete do not count the same rows,
     the batch is rolled back and :class:`ConfigurationError` raised. A row is never in
-    both tables, nor in neither, at any commit.
+    both tables, nor in neither, at any commit. ``older_than`` must be a ``timedelta``
+    from 0 to 36500 days, else :class:`ConfigurationError` and nothing is moved.
     """
+    older_than = bounds.span(older_than, "older_than", bounds.AGE)
     opts = get_options(model)
     target = opts.archive
     if target is None:

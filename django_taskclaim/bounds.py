@@ -94,6 +94,13 @@ BATCH_SIZE = Bound(1, 100_000, whole=True)
 CONCURRENCY_LIMIT = Bound(1, 1000, whole=True)
 #: ``Retry(delay=…)`` and ``retry(delay=…)``: from now to a year ahead.
 RETRY_DELAY = Bound(0.0, 365 * DAY)
+#: The longest span the database's clock is moved by (100 years): the age of
+#: ``taskclaim_prune --older-than`` / ``prune(older_than=…)`` / ``archive_finished``, and
+#: how far ahead a ``django.tasks`` ``run_after`` timedelta may reach. It keeps the
+#: database's ``now() ± span`` well inside every database's timestamps (years 1-9999);
+#: a longer span is a mistake, not a schedule.
+MAX_AGE = 36500 * DAY
+AGE = Bound(0.0, MAX_AGE)
 
 
 def number(
@@ -143,6 +150,20 @@ def number(
     if not bound.low <= number_ <= bound.high:
         raise error(f"{name} must be {bound.text()}, got {value!r}")
     return number_
+
+
+def span(
+    value: Any, name: str, bound: Bound, *, error: type[Exception] = ConfigurationError
+) -> timedelta:
+    """``value``, a ``timedelta`` within ``bound`` (in seconds), or ``error`` with one
+    line naming ``name``, the bound (in days) and what it got."""
+    if not isinstance(value, timedelta):
+        raise error(f"{name} must be a timedelta, got {value!r}")
+    if not bound.low <= value.total_seconds() <= bound.high:
+        raise error(
+            f"{name} must be from {bound.low / DAY:g} to {bound.high / DAY:g} days, got {value!r}"
+        )
+    return value
 
 
 def setting_problem(name: str, value: Any) -> str | None:

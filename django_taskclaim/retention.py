@@ -33,15 +33,23 @@ _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 
 
 def parse_age(text: str) -> timedelta:
-    """``"90s"``, ``"15m"``, ``"12h"``, ``"7d"``, ``"2w"`` as a ``timedelta``; anything
-    else raises :class:`ConfigurationError` saying how to write one."""
+    """``"90s"``, ``"15m"``, ``"12h"``, ``"7d"``, ``"2w"`` as a ``timedelta``, from 0 to
+    :data:`~django_taskclaim.bounds.MAX_AGE` (36500 days); anything else raises
+    :class:`ConfigurationError` in one line naming the text and saying how to write one
+    or what the bound is."""
     match = _AGE.match(text or "")
     if not match:
         raise ConfigurationError(
             f"--older-than {text!r} is not a duration; use a number and a unit "
             "(s, m, h, d, w), e.g. --older-than 7d"
         )
-    return timedelta(seconds=float(match.group(1)) * _AGE_UNITS[match.group(2)])
+    seconds = float(match.group(1)) * _AGE_UNITS[match.group(2)]  # inf for a huge number
+    if not seconds <= bounds.MAX_AGE:
+        raise ConfigurationError(
+            f"--older-than {text!r} is out of range: at most "
+            f"{bounds.MAX_AGE / bounds.DAY:g}d (100 years)"
+        )
+    return timedelta(seconds=seconds)
 
 
 @dataclass
@@ -77,8 +85,10 @@ def prune(
     database's ``now()``. Works in batches of ``batch_size`` primary keys, each deleted
     by a short statement that re-checks state and age, so the table is never locked
     for long and a row requeued meanwhile is kept. Returns the number of rows deleted
-    (or that a ``dry_run`` would delete).
+    (or that a ``dry_run`` would delete). ``older_than`` must be a ``timedelta`` from 0
+    to 36500 days, else :class:`ConfigurationError` and nothing is deleted.
     """
+    older_than = bounds.span(older_than, "older_than", bounds.AGE)
     opts = get_options(model)
     if not opts.has("finished_at"):
         raise ConfigurationError(
@@ -133,8 +143,10 @@ def prune_models(
     A model that declares ``ClaimMeta.archive`` has its rows moved there instead
     (:func:`~django_taskclaim.archive.archive_finished`), listed in ``archived``. A
     named model without ``finished_at`` raises :class:`ConfigurationError`; when every
-    claimable model is pruned, such a model is listed in ``skipped`` instead.
+    claimable model is pruned, such a model is listed in ``skipped`` instead. A bad
+    ``older_than`` is refused before any model is touched.
     """
+    older_than = bounds.span(older_than, "older_than", bounds.AGE)
     result = PruneResult(dry_run=dry_run)
     for model in models_ or list(claimable_models()):
         opts = get_options(model)

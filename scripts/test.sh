@@ -125,7 +125,8 @@ if [ -n "${TASKCLAIM_TESTS:-}" ]; then
   read -r -a sel <<<"$TASKCLAIM_TESTS"
   MAIN_TESTS+=("${sel[@]}")
 fi
-TASKS_TESTS=(-q --ds=tests.settings_tasks tests/test_tasks_backend.py tests/test_tasks_backend_worker.py)
+TASKS_TESTS=(-q --ds=tests.settings_tasks tests/test_tasks_backend.py tests/test_tasks_backend_worker.py
+  tests/test_seams_tasks_backend.py)
 wanted sqlite && run_pass sqlite "$py" TASKCLAIM_TEST_DB=sqlite -- "${MAIN_TESTS[@]}"
 wanted sqlite-tasks && run_pass sqlite-tasks "$py" TASKCLAIM_TEST_DB=sqlite -- "${TASKS_TESTS[@]}"
 wanted postgresql && run_pass postgresql "$py" TASKCLAIM_TEST_DB=postgres -- "${MAIN_TESTS[@]}"

@@ -9,9 +9,10 @@ of the call (its JSON arguments, its unique key) is worked out in :mod:`.argumen
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from dataclasses import dataclass, fields
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
@@ -20,14 +21,17 @@ from django.core import checks
 from django.db import router
 from django.tasks import Task, TaskResult
 from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 
+from django_taskclaim import bounds
 from django_taskclaim.conf import taskclaim_settings
 from django_taskclaim.db import DbNow, retry_transient
 from django_taskclaim.unique import insert_unique
 
 from .arguments import _check_key, encode_arguments, unique_key_for
+from .exceptions import InvalidTaskValue
 from .results import to_result
 
 if TYPE_CHECKING:
@@ -81,6 +85,40 @@ def _max_attempts(value: Any, where: str) -> int:
             f"{where} must be a whole number between 1 and {MAX_ATTEMPTS_CEILING}, got {value!r}"
         )
     return value
+
+
+def _check_priority(priority: Any) -> None:
+    """``InvalidTask`` unless ``priority`` is a number; :class:`InvalidTaskValue` for NaN
+    or an infinity (Django's own range check would raise a raw ``ValueError``)."""
+    if isinstance(priority, bool) or not isinstance(priority, int | float):
+        raise InvalidTask(f"priority must be a whole number, got {priority!r}")
+    if isinstance(priority, float) and not math.isfinite(priority):
+        raise InvalidTaskValue(
+            f"priority must be a whole number between {TASK_MIN_PRIORITY} and "
+            f"{TASK_MAX_PRIORITY}, got {priority!r}"
+        )
+
+
+def _check_run_after(run_after: datetime | timedelta | None) -> None:
+    """:class:`InvalidTaskValue` for a ``run_after`` no database can store: a negative or
+    longer than :data:`~django_taskclaim.bounds.MAX_AGE` ``timedelta``, an aware
+    ``datetime`` outside years 1 to 9999 once in UTC."""
+    if isinstance(run_after, timedelta):
+        if run_after < timedelta(0):
+            raise InvalidTaskValue(f"run_after must not be a negative timedelta, got {run_after!r}")
+        if run_after.total_seconds() > bounds.MAX_AGE:
+            raise InvalidTaskValue(
+                f"run_after must be at most {bounds.MAX_AGE / bounds.DAY:g} days ahead, "
+                f"got {run_after!r}"
+            )
+    elif isinstance(run_after, datetime) and run_after.utcoffset() is not None:
+        try:
+            run_after.astimezone(UTC)
+        except OverflowError:
+            raise InvalidTaskValue(
+                f"run_after {run_after.isoformat()} is out of range: it must be between "
+                f"{datetime.min.isoformat()} and {datetime.max.isoformat()} in UTC"
+            ) from None
 
 
 def _copy_task(task: Task, **changes: Any) -> Task:
@@ -206,8 +244,11 @@ class TaskClaimBackend(BaseTaskBackend):
         """Raise ``InvalidTask`` with a clear message if this backend cannot run ``task``.
 
         On top of Django's checks: ``run_after`` may also be a ``timedelta`` (relative
-        to the database clock at enqueue time); queue names must be listed in
-        ``QUEUES`` (unless it is ``[]``) and fit the column; a task's own
+        to the database clock at enqueue time) of at most 36500 days; an aware
+        ``datetime`` must stay within years 1 to 9999 in UTC; ``priority`` must be a
+        finite whole number (NaN and infinities raise :class:`~.exceptions.InvalidTaskValue`,
+        also a ``ValueError``, naming the value and the bound); queue names must be
+        listed in ``QUEUES`` (unless it is ``[]``) and fit the column; a task's own
         ``max_attempts`` must be between 1 and 1000.
         """
         run_after = task.run_after
@@ -215,8 +256,7 @@ class TaskClaimBackend(BaseTaskBackend):
             raise InvalidTask(
                 f"run_after must be an aware datetime, a timedelta or None, got {run_after!r}"
             )
-        if isinstance(run_after, timedelta) and run_after < timedelta(0):
-            raise InvalidTask(f"run_after must not be a negative timedelta, got {run_after!r}")
+        _check_run_after(run_after)
         if self.queues and task.queue_name not in self.queues:
             raise InvalidTask(
                 f"queue_name {task.queue_name!r} is not valid for backend {self.alias!r}: "
@@ -230,8 +270,7 @@ class TaskClaimBackend(BaseTaskBackend):
                 f"queue_name must be a string of at most {NAME_MAX_LENGTH} characters, "
                 f"got {task.queue_name!r}"
             )
-        if isinstance(task.priority, bool) or not isinstance(task.priority, int | float):
-            raise InvalidTask(f"priority must be a whole number, got {task.priority!r}")
+        _check_priority(task.priority)
         own = getattr(task, "max_attempts", None)
         if own is not None:
             try:

@@ -14,6 +14,15 @@ class InvalidTaskArguments(InvalidTask, TypeError):
     """
 
 
+class InvalidTaskValue(InvalidTask, ValueError):
+    """A ``priority`` or ``run_after`` of a task is out of the bounds the table can store
+    (NaN or an infinite priority, a ``run_after`` beyond the range of timestamps).
+
+    Both Django's :class:`~django.tasks.exceptions.InvalidTask` and a ``ValueError``;
+    nothing was written when it is raised.
+    """
+
+
 class WorkerLost(Exception):
     """An attempt never recorded an outcome: its worker died or lost its lease.
 

@@ -55,12 +55,18 @@ def backoff(alias: str, attempts: int) -> float:
 
 def error_entry(exc: BaseException | None, cls: type[BaseException], text: str = "") -> dict:
     """A stored ``TaskError``: the exception's class path (``cls`` when ``exc`` is
-    ``None``) and its formatted traceback (else ``text``), capped like ``last_error``."""
+    ``None``) and its formatted traceback (else ``text``), capped like ``last_error``.
+    A traceback ends with a newline, as Django's own backends store it (the lines of
+    ``traceback.format_exception``, joined)."""
     if exc is not None:
         cls = type(exc)
+        # format_error() (the rule of last_error) strips the final newline: put it back.
+        traceback = format_error(exc) + "\n"
+    else:
+        traceback = format_error(text)
     return {
         "exception_class_path": f"{cls.__module__}.{cls.__qualname__}",
-        "traceback": format_error(exc if exc is not None else text),
+        "traceback": traceback,
     }
 
 

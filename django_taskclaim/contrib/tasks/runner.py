@@ -58,7 +58,10 @@ def execute(row: QueuedTask) -> str | BatchableResult:
     the row SUCCESSFUL; a task function that no longer imports, arguments that cannot
     be decoded or bound to its signature, and a return value that is not JSON end the
     task FAILED at once with a clear error (retrying could not help); any other
-    exception is retried with backoff until the row's ``max_attempts``. An attempt
+    exception — a ``BaseException`` such as ``SystemExit`` (``exit()``) or
+    ``KeyboardInterrupt`` included, recorded under its own class path and traceback, as
+    Django's backends record it — is retried with backoff until the row's
+    ``max_attempts``, then the task ends FAILED; it never ends the worker. An attempt
     whose worker died is recorded as a ``WorkerLost`` error when the task is next
     claimed, and a task that used up its attempts that way ends FAILED without
     running again. Django's ``task_started`` / ``task_finished`` signals are sent to
@@ -80,7 +83,7 @@ def execute(row: QueuedTask) -> str | BatchableResult:
         value = plan.call(row, args, kwargs, result)
     except Fail as exc:
         return finish_failed(row, exc, permanent=True)
-    except Exception as exc:
+    except BaseException as exc:  # SystemExit, KeyboardInterrupt, exit(): the task's own
         return finish_failed(row, exc, permanent=False)
     try:
         value = storable(value)
