@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
+from django.core.exceptions import FieldDoesNotExist
 from django.db import connections, models
 from django.db.models import F
 from django.db.models.expressions import Combinable, RawSQL
@@ -23,9 +24,10 @@ from . import signals
 from .backends import for_alias
 from .db import DbNow, retry_transient
 from .exceptions import ConfigurationError
-from .options import get_options
+from .options import CLAIM_STATE_FIELDS, SLOT_FIELD, ClaimOptions, get_options
 from .strategies import complete_many_in_one, status_recheck
 from .types import Claimable
+from .writes import _check_fields as _check_model_fields
 from .writes import _db
 
 #: The lifecycle's logger: a lost claim is logged under one name, batched or not.
@@ -58,6 +60,31 @@ class BatchableResult(dict[str, Any]):
         self.on_written = on_written
 
 
+def _check_fields(opts: ClaimOptions, task: Any, fields: Mapping[str, Any]) -> None:
+    """Refuse, before anything is written, result fields a transition may not write: the
+    primary key (``pk``, its name or column attribute, any primary-key field: the fenced
+    UPDATE would move the row), the claim bookkeeping (status, token, lease, holder,
+    attempts, ``finished_at``, ``last_error``, the concurrency slot: the transitions set
+    them) and names the model does not have. ``ValueError`` naming the field."""
+    meta = task._meta
+    pk = meta.pk
+    keys = {"pk", pk.name, pk.attname} if pk is not None else {"pk"}
+    bookkeeping = CLAIM_STATE_FIELDS | {opts.status_field, SLOT_FIELD}
+    for name in fields:
+        try:
+            field = meta.get_field(name)
+        except FieldDoesNotExist:
+            field = None
+        if name in keys or getattr(field, "primary_key", False):
+            raise ValueError(
+                f"{name!r} is the primary key of {opts.label}: result fields cannot "
+                "change which row a task is; nothing was written"
+            )
+        if field is not None and field.name in bookkeeping:
+            raise ValueError(f"{name!r} is claim bookkeeping; the lifecycle methods set it")
+    _check_model_fields(opts, task, fields)
+
+
 def _pending(task: Claimable) -> tuple[dict[str, Any], Callable[[], None] | None]:
     """The deferred result fields and callback of ``task`` (kept until written: a write
     retried after a lost connection must carry them again)."""
@@ -74,10 +101,16 @@ def complete_many(tasks: Iterable[Any]) -> list[Any]:
     :func:`~django_taskclaim.lifecycle.run_task` (a :class:`BatchableResult`) are written
     in the same statement, each row its own values. Returns the tasks whose claim was lost
     (nothing was written for them); the others are ``done`` with their instances updated,
-    and ``task_completed`` is sent for each.
+    and ``task_completed`` is sent for each. A deferred result field naming the primary
+    key or the claim bookkeeping is refused (``ValueError``) before any row is written.
     """
     groups: dict[tuple[type[models.Model], str], list[Any]] = {}
+    checked: set[tuple[type[models.Model], frozenset[str]]] = set()
     for task in tasks:
+        names = frozenset(_pending(task)[0])
+        if names and (type(task), names) not in checked:  # refused before any write
+            _check_fields(get_options(task), task, dict.fromkeys(names))
+            checked.add((type(task), names))
         groups.setdefault((type(task), _db(task)), []).append(task)
     lost: list[Any] = []
     for (model, using), group in groups.items():

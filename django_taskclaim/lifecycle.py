@@ -26,7 +26,7 @@ from django.db import models
 from django.db.models.expressions import Combinable
 
 from .completion import COMPLETE_MANY_CHUNK as COMPLETE_MANY_CHUNK
-from .completion import PENDING_ATTR, BatchableResult
+from .completion import PENDING_ATTR, BatchableResult, _check_fields
 from .completion import complete_many as complete_many
 from .exceptions import ClaimLost, ConfigurationError, Fail, Retry
 from .options import get_options
@@ -36,7 +36,7 @@ from .transitions import extend_lease as extend_lease
 from .transitions import release as release
 from .types import Claimable, model_of
 from .writes import MAX_ERROR_CHARS as MAX_ERROR_CHARS
-from .writes import _check_fields, _db
+from .writes import _db
 from .writes import format_error as format_error
 
 logger = logging.getLogger("django_taskclaim.lifecycle")

@@ -143,7 +143,11 @@ class ClaimableMixin(models.Model):
 
     # -- fenced lifecycle -------------------------------------------------------
     def complete(self, **fields: Any) -> None:
-        """Mark the claimed task ``done``, saving ``fields`` in the same fenced UPDATE."""
+        """Mark the claimed task ``done``, saving ``fields`` in the same fenced UPDATE.
+
+        ``fields`` are result fields: naming the primary key or the claim bookkeeping
+        (status, token, lease, holder, attempts, ``finished_at``, ``last_error``) raises
+        ``ValueError`` before anything is written."""
         lifecycle.complete(self, **fields)
 
     def fail(self, error: BaseException | str = "", **fields: Any) -> None:
@@ -175,14 +179,21 @@ class ClaimableMixin(models.Model):
         On entry the row is re-checked and row-locked inside a new transaction; if the
         claim was lost, :class:`ClaimLost` is raised before the block runs. The reaper
         and other writers wait for the lock, so writes made in the block (to any table)
-        commit only if the claim was still held.
+        commit only if the claim was still held. While the database is busy (SQLite's
+        single write lock, a deadlock) taking the lock is retried, at most
+        ``TASKCLAIM_DB_RETRIES`` times each waiting up to the database's lock timeout,
+        then the error is raised saying so.
 
         ``complete=True`` makes the block exactly-once: leaving it normally also marks
         the task ``done`` in the same transaction (unless the block finished it itself),
-        so its writes and the completion commit together or not at all. Without it, the
-        writes commit at the end of the block and the completion comes later: a crash in
-        between runs the task again and repeats them (at least once). If the block
-        raises, nothing it wrote commits and the task object is as it was on entry.
+        writing with it the fields of this object the block changed (``self.text =
+        …``), so its writes and the completion commit together or not at all. A block
+        that changed the primary key or a claim field gets ``ValueError`` and nothing
+        commits. Without ``complete=True``, the writes commit at the end of the block and
+        the completion comes later: a crash in between runs the task again and repeats
+        them (at least once); fields set on this object are not saved by the block. If
+        the block raises, nothing it wrote commits and the task object is as it was on
+        entry.
         """
         with lifecycle.fenced(self, using=using, complete=complete):
             yield

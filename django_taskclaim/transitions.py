@@ -11,25 +11,27 @@ from :mod:`django_taskclaim.lifecycle`, which also runs the attempts.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
-from django.db import models, transaction
+from django.db import DatabaseError, models, transaction
 from django.db.models import F
 from django.db.models.expressions import Combinable
 
 from . import bounds, signals
-from .completion import PENDING_ATTR, _pending
-from .db import DbNow, retry_transient
+from .completion import PENDING_ATTR, _check_fields, _pending
+from .conf import taskclaim_settings
+from .db import DbNow, in_user_atomic, is_transient, retry_transient
 from .exceptions import ClaimLost
-from .options import get_options
+from .options import CLAIM_STATE_FIELDS, SLOT_FIELD, ClaimOptions, get_options
 from .strategies import status_recheck, validate_lease
 from .types import Claimable, model_of
-from .writes import _check_fields, _db, format_error
+from .writes import _db, format_error
 
 #: The lifecycle's logger: a lost claim is logged under one name, whichever write lost it.
 logger = logging.getLogger("django_taskclaim.lifecycle")
@@ -107,7 +109,11 @@ def _fenced_update(
 
 
 def complete(task: Claimable, **fields: Any) -> None:
-    """``processing`` → ``done``; ``fields`` saved in the same fenced UPDATE."""
+    """``processing`` → ``done``; ``fields`` saved in the same fenced UPDATE.
+
+    ``fields`` naming the primary key or the claim bookkeeping (status, token, lease,
+    holder, attempts, ``finished_at``, ``last_error``) are refused with ``ValueError``
+    before anything is written."""
     opts = get_options(task)
     _check_fields(opts, task, fields)
     updates: dict[str, Any] = {"locked_until": None, **fields}
@@ -196,37 +202,130 @@ def extend_lease(task: Claimable, seconds: float | timedelta | None = None) -> N
     _fenced_update(task, "", {"locked_until": DbNow() + timedelta(seconds=lease)}, bump=False)
 
 
+#: Claim fields the library itself moves while a fenced block runs (``extend_lease()``):
+#: never compared, and overwritten by the completion anyway.
+_MOVED_IN_BLOCKS = frozenset({"locked_until"})
+
+
+def _field_values(task: Claimable) -> dict[str, Any]:
+    """The loaded values of the concrete fields of ``task`` by attribute name, copied so
+    that a value changed in place (a JSON dict) still compares as changed."""
+    values: dict[str, Any] = {}
+    for field in task._meta.concrete_fields:
+        if field.attname in task.__dict__:
+            value = task.__dict__[field.attname]
+            try:
+                values[field.attname] = copy.deepcopy(value)
+            except Exception:  # not copyable (a memoryview): compared by value
+                values[field.attname] = value
+    return values
+
+
+def _changed_fields(task: Claimable, opts: ClaimOptions, before: dict[str, Any]) -> dict[str, Any]:
+    """The fields a ``fenced(complete=True)`` block changed on ``task``, to be written
+    with its completion. A changed primary key or claim field is refused (``ValueError``):
+    the completion would move the row or undo the library's bookkeeping."""
+    bookkeeping = CLAIM_STATE_FIELDS | {opts.status_field, SLOT_FIELD}
+    changed: dict[str, Any] = {}
+    for field in task._meta.concrete_fields:
+        name = field.attname
+        if name not in task.__dict__ or getattr(field, "generated", False):
+            continue
+        value = task.__dict__[name]
+        claim_field = field.name in bookkeeping
+        if claim_field and name not in before:
+            continue  # loaded in the block (refresh_from_db): the database's own value
+        if name in before and _same(before[name], value):
+            continue
+        if field.primary_key or claim_field:
+            if field.name in _MOVED_IN_BLOCKS:
+                continue
+            what = "its primary key" if not claim_field else "claim bookkeeping"
+            raise ValueError(
+                f"{opts.label}: the fenced(complete=True) block changed {field.name!r} "
+                f"({what}); a completion writes only result fields, so nothing was written"
+            )
+        changed[name] = value
+    return changed
+
+
+def _same(old: Any, new: Any) -> bool:
+    try:
+        return bool(old is new or old == new)
+    except Exception:  # an uncomparable value: treat as changed
+        return False
+
+
+def _lock_claim(task: Claimable, opts: ClaimOptions, using: str) -> transaction.Atomic:
+    """Open the fenced block's transaction and take the claimed row's write lock (on
+    SQLite, the database's), re-checking the token; the open ``Atomic`` is returned
+    (with the claim held) or closed again (and ``ClaimLost`` or the error raised)."""
+    atomic = transaction.atomic(using=using)
+    atomic.__enter__()
+    try:
+        # A no-op UPDATE both re-checks the token and takes the row's write lock
+        # (on SQLite, the database write lock) until this transaction ends.
+        hit = (
+            model_of(task)
+            ._base_manager.using(using)
+            .filter(pk=task.pk, version=task.version)
+            .filter(status_recheck(opts, "processing", using))
+            .update(locked_until=F("locked_until"))
+        )
+        if hit != 1:
+            raise ClaimLost(
+                f"{opts.label} pk={task.pk}: claim token {task.version} is no longer "
+                "current; the fenced block did not run",
+                task=task,
+            )
+    except BaseException as exc:
+        atomic.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    return atomic
+
+
 @contextmanager
 def fenced(task: Claimable, *, using: str | None = None, complete: bool = False) -> Iterator[None]:
     """Transaction that re-checks and locks the claim first; see ``ClaimableMixin.fenced``.
 
+    Taking the lock is retried while the database is busy (SQLite's "database is locked",
+    a deadlock), up to ``TASKCLAIM_DB_RETRIES`` times, each try waiting up to the
+    database's own lock timeout (SQLite: the ``timeout`` option); after that, or inside
+    an outer ``atomic()`` block (no retry), the error is raised, saying so.
+
     With ``complete=True``, leaving the block normally completes the task inside the same
-    transaction (unless the block already finished it). If the block raises, everything
-    rolls back and the task's in-memory state is put back as it was on entry.
+    transaction (unless the block already finished it), writing with it the fields of
+    the task the block changed; a changed primary key or claim field is refused
+    (``ValueError``, nothing written). If the block raises, everything rolls back and the
+    task's in-memory state is put back as it was on entry.
     """
     opts = get_options(task)
     using = using or _db(task)
     saved = dict(task.__dict__)
+    before = _field_values(task) if complete else {}
     try:
-        with transaction.atomic(using=using):
-            # A no-op UPDATE both re-checks the token and takes the row's write lock
-            # (on SQLite, the database write lock) until this transaction ends.
-            hit = (
-                model_of(task)
-                ._base_manager.using(using)
-                .filter(pk=task.pk, version=task.version)
-                .filter(status_recheck(opts, "processing", using))
-                .update(locked_until=F("locked_until"))
+        try:
+            atomic = retry_transient(
+                lambda: _lock_claim(task, opts, using), using, what=f"fenced {opts.label}"
             )
-            if hit != 1:
-                raise ClaimLost(
-                    f"{opts.label} pk={task.pk}: claim token {task.version} is no longer "
-                    "current; the fenced block did not run",
-                    task=task,
-                )
+        except DatabaseError as exc:
+            if not is_transient(exc, using):
+                raise
+            if in_user_atomic(using):
+                how = "not retried inside an outer atomic() block"
+            else:
+                tries = int(taskclaim_settings.DB_RETRIES) + 1
+                how = f"gave up after {tries} tries (TASKCLAIM_DB_RETRIES)"
+            raise type(exc)(
+                f"{opts.label} pk={task.pk}: fenced() could not lock the claimed row, the "
+                f"database stayed busy ({exc}); {how}"
+            ) from exc
+        with ExitStack() as stack:
+            stack.push(atomic)  # commits when the block ends, rolls back if it raises
             yield
             if complete and opts.state_of(getattr(task, opts.status_field)) == "processing":
-                _complete_task(task)  # ``complete`` is the flag's name here
+                # ``complete`` is the flag's name here
+                _complete_task(task, **_changed_fields(task, opts, before))
     except BaseException:
         # Rolled back: nothing the block wrote (a complete() included) happened.
         task.__dict__.clear()
