@@ -14,7 +14,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Self
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, models
+from django.db import DatabaseError, connections, models, transaction
 from django.db.models import Count, F, Q, Value
 from django.db.models.functions import Coalesce, Concat
 
@@ -284,6 +284,63 @@ class ClaimQuerySetMixin(_QuerySetBase):
             base.filter(cond).filter(opts.status_q("processing")).values_list("pk", flat=True)
         )
         return [t for t in tasks if t.pk not in alive]
+
+    def renew_leases(
+        self, tasks: Sequence[Any], seconds: float | timedelta | None = None
+    ) -> tuple[list[Any], list[Any]]:
+        """Extend the leases of the claimed ``tasks`` without waiting for any row lock;
+        return ``(lost, busy)``.
+
+        Like :meth:`extend_leases` (fenced on each task's token, token unchanged), but a
+        row that another session holds locked (a web request's ``select_for_update()``,
+        an outcome write waiting on one) is skipped instead of waited for: it is
+        ``busy``, its claim still current, its lease not extended this time. ``lost``
+        are the tasks whose claim was taken back. The worker's heartbeat uses this, so
+        one locked row never delays the renewal of the others. On databases with
+        ``SKIP LOCKED`` (PostgreSQL, MariaDB ≥ 10.6, MySQL 8) the locked rows are
+        picked in one transaction (``SELECT … FOR UPDATE SKIP LOCKED``, then the
+        ``UPDATE``); elsewhere (SQLite, which locks the whole file) one ``UPDATE``.
+        """
+        if not tasks:
+            return [], []
+        opts = self.claim_options
+        lease = validate_lease(opts.lease if seconds is None else seconds)
+        cond = Q()
+        for t in tasks:
+            cond |= Q(pk=t.pk, version=t.version)
+        base = self.model._base_manager.using(self.db)
+        fenced = base.filter(cond).filter(status_recheck(opts, "processing", self.db))
+        until = DbNow() + timedelta(seconds=lease)
+        features = connections[self.db].features
+        if not (features.has_select_for_update and features.has_select_for_update_skip_locked):
+            n = retry_transient(
+                lambda: fenced.update(locked_until=until), self.db, what="renew leases"
+            )
+            if n == len(tasks):
+                return [], []
+            renewed = None  # one statement: which rows it hit is not known
+        else:
+
+            def renew() -> set[Any]:
+                with transaction.atomic(using=self.db):
+                    pks = list(
+                        fenced.select_for_update(skip_locked=True).values_list("pk", flat=True)
+                    )
+                    if pks:
+                        base.filter(pk__in=pks).update(locked_until=until)
+                return set(pks)
+
+            renewed = retry_transient(renew, self.db, what="renew leases")
+            if len(renewed) == len(tasks):
+                return [], []
+        # A plain read: it waits for no lock (MVCC), and tells lost from busy.
+        alive = set(
+            base.filter(cond).filter(opts.status_q("processing")).values_list("pk", flat=True)
+        )
+        lost = [t for t in tasks if t.pk not in alive]
+        if renewed is None:
+            return lost, []
+        return lost, [t for t in tasks if t.pk in alive and t.pk not in renewed]
 
     # -- batched acknowledgements -----------------------------------------------------
     def complete_many(self, tasks: Iterable[Any]) -> list[Any]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from django.db import DatabaseError, connections, models, router
+from django.db import DatabaseError, connections, models, router, transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce, Concat
 
@@ -110,21 +110,21 @@ def reap_queryset(
     # ``locked_until`` is kept: a ready row with one is marked recovered (run alone next).
     to_ready = {**common, opts.status_field: opts.value("ready")}
     max_attempts = opts.max_attempts
+    features = connections[using].features
+    skip_locked = features.has_select_for_update and features.has_select_for_update_skip_locked
     batches = 0
     while max_batches is None or batches < max_batches:
         batches += 1
-        pks = list(scope.order_by().values_list("pk", flat=True)[:batch])
-        if not pks:
-            break
-        target = base.filter(pk__in=pks).filter(stuck)
-        failed = retry_transient(
-            partial(target.filter(attempts__gte=max_attempts).update, **to_failed),
+        found, requeued, failed = retry_transient(
+            partial(_reap_batch, scope, base, stuck, batch, max_attempts, to_failed, to_ready,
+                    skip_locked=holders is None and skip_locked),
             using,
             what="reap",
-        )
-        requeued = retry_transient(partial(target.update, **to_ready), using, what="reap")
+        )  # fmt: skip
+        if not found:
+            break
         result.add(opts.label, requeued, failed)
-        if len(pks) < batch:
+        if found < batch:
             break
     if result.total:
         logger.info(
@@ -134,6 +134,52 @@ def reap_queryset(
             sender=qs.model, requeued=result.requeued, failed=result.failed, using=using
         )
     return result
+
+
+def _reap_batch(
+    scope: models.QuerySet,
+    base: models.QuerySet,
+    stuck: Q,
+    batch: int,
+    max_attempts: int,
+    to_failed: dict[str, Any],
+    to_ready: dict[str, Any],
+    *,
+    skip_locked: bool,
+) -> tuple[int, int, int]:
+    """One batch of :func:`reap_queryset`: ``(rows found, requeued, failed)``.
+
+    Every ``UPDATE`` re-checks the stuck condition. A lapsed lease is reaped only from a
+    row no other session holds locked (``SELECT … FOR UPDATE SKIP LOCKED`` first, where
+    the database has it): such a row is in use — a web request's ``select_for_update()``
+    or its holder's outcome write waiting on one — and the next pass sees it again. The
+    reaper then never waits behind a user's lock, and never overtakes a holder's
+    completion queued on that lock the moment it is released."""
+    if skip_locked:
+        with transaction.atomic(using=scope.db):
+            pks = list(
+                scope.order_by()
+                .select_for_update(skip_locked=True)
+                .values_list("pk", flat=True)[:batch]
+            )
+            return (len(pks), *_reap_rows(base, pks, stuck, max_attempts, to_failed, to_ready))
+    pks = list(scope.order_by().values_list("pk", flat=True)[:batch])
+    return (len(pks), *_reap_rows(base, pks, stuck, max_attempts, to_failed, to_ready))
+
+
+def _reap_rows(
+    base: models.QuerySet,
+    pks: list[Any],
+    stuck: Q,
+    max_attempts: int,
+    to_failed: dict[str, Any],
+    to_ready: dict[str, Any],
+) -> tuple[int, int]:
+    if not pks:
+        return 0, 0
+    target = base.filter(pk__in=pks).filter(stuck)
+    failed = target.filter(attempts__gte=max_attempts).update(**to_failed)
+    return target.update(**to_ready), failed
 
 
 def reap(

@@ -21,12 +21,27 @@ from .types import Claimable, model_of
 MAX_ERROR_CHARS = 10_000
 
 
+def storable_text(text: str) -> str:
+    """``text`` with what no database text column accepts escaped: NUL characters and
+    lone surrogates (``\\x00``, ``\\ud800``). An error about a value that could not be
+    stored quotes that value: its message must still be storable."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def format_error(error: BaseException | str) -> str:
-    """Text stored in ``last_error``: the traceback of an exception, or the string."""
+    """Text stored in ``last_error``: the traceback of an exception, or the string;
+    always storable (:func:`storable_text`)."""
     if isinstance(error, BaseException):
         text = "".join(traceback.format_exception(error)).strip()
     else:
         text = str(error)
+    text = storable_text(text)
     if len(text) > MAX_ERROR_CHARS:
         text = text[: MAX_ERROR_CHARS // 2] + "\n…\n" + text[-MAX_ERROR_CHARS // 2 :]
     return text

@@ -115,6 +115,18 @@ def test_ledger_acks_wait_for_the_window_or_the_size():
     assert ledger.acks_due_at(60) is None
 
 
+def test_a_completion_being_written_keeps_its_lease_until_the_writer_is_done():
+    """A writer took the buffer (its UPDATE may wait on a row lock): the rows stay held,
+    so the heartbeat keeps renewing them, until the writer says it is done with them."""
+    ledger = Ledger(capacity=10, claim_size=10)
+    ledger.defer_ack(row(1))
+    taken = ledger.take_acks()
+    assert [t.pk for t in ledger.held()] == [1]
+    assert ledger.startable() == []  # nothing to stop: its body has returned
+    ledger.acks_written(taken)
+    assert ledger.held() == []
+
+
 def test_ledger_lost_rows():
     ledger = Ledger(capacity=10, claim_size=10)
     waiting, running, moved_on = row(1), row(2), row(3, version=5)
@@ -272,7 +284,6 @@ def test_the_heartbeat_thread_survives_an_unexpected_error():
         assert beat.is_alive()
     finally:
         halt.set()
-        beat.wake.set()
         beat.join(5)
 
 

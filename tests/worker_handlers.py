@@ -165,3 +165,17 @@ async def process_async_until_cancelled(task):
         await sync_to_async(_noticed)(task)
         raise
     return None
+
+
+# -- outcomes the database refuses (tests/test_seams_heartbeat.py) ---------------------------
+def process_with_result(task):
+    """Log the attempt, then return a ``result`` field: ``"fine"``, or with
+    ``payload["poison"]`` a value no database text column stores (``"surrogate"``: a lone
+    surrogate; ``"nul"``: a NUL character); batched (``BatchableResult``) unless
+    ``payload["plain"]``."""
+    from django_taskclaim.completion import BatchableResult
+
+    Ledger.objects.create(task_id=task.pk, token=task.version, worker=ATTEMPT + task.locked_by)
+    payload = task.payload or {}
+    value = {"surrogate": "x\ud800y", "nul": "a\x00b"}.get(payload.get("poison"), "fine")
+    return {"result": value} if payload.get("plain") else BatchableResult({"result": value})

@@ -4,21 +4,31 @@ A task whose body returned no result fields (or a
 :class:`~django_taskclaim.lifecycle.BatchableResult`) is not completed at once: its
 completion waits in the :class:`~.ledger.Ledger` for up to ``--ack-window`` seconds
 and is written with the others in one fenced UPDATE
-(:func:`~django_taskclaim.lifecycle.complete_many`). Until then the heartbeat keeps its
-lease; a crash before the write means the task runs again (at least once).
+(:func:`~django_taskclaim.lifecycle.complete_many`) by the thread that finds it due: the
+ack writer (started with the first buffered completion), an executor after its task, or
+the claimer when it finds nothing to claim — never the heartbeat, whose lease renewals
+must not wait behind a completion that waits on a row lock. Until the write lands the
+heartbeat keeps the lease; a crash before it means the task runs again (at least once).
+
+A completion the database refuses for the row itself (a value it cannot store: an
+encoding, data, constraint or size error) is that row's permanent failure
+(:func:`fail_unstorable`); its batch-mates are then written one by one, each once.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from django.db import DatabaseError
 
 from ..exceptions import ClaimLost
 from ..lifecycle import complete_many, complete_pending
+from ..transitions import Outcome, fail
 from ..types import Claimable
+from ..writes import storable_text
 from .dbconn import backoff, close, connection_trouble, one_line
 from .ledger import Ledger
 
@@ -41,14 +51,57 @@ class Acks:
         self.using = using
         self.worker_id = worker_id
         self.halt = halt
-        #: Set when a new buffer starts: the heartbeat then has a new deadline to keep.
+        #: Set when a new buffer starts: the ack writer then has a new deadline to keep.
         self.new_deadline = threading.Event()
+        self._writer: threading.Thread | None = None
+        self._writer_lock = threading.Lock()
 
     def defer(self, task: Claimable) -> None:
         """The ``defer`` hook of :func:`~django_taskclaim.lifecycle.settle`: buffer the
         completion of ``task`` to be written with others within ``window`` seconds."""
         if self.ledger.defer_ack(task):
+            self._start_writer()
             self.new_deadline.set()
+
+    def _start_writer(self) -> None:
+        if self._writer is not None:
+            return
+        with self._writer_lock:
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_when_due, name="taskclaim-acks", daemon=True
+                )
+                self._writer.start()
+
+    def _write_when_due(self) -> None:
+        """The ack writer: writes the buffer once its oldest completion has waited
+        ``window`` (executors and the claimer also write it as they pass by). Its own
+        thread and connection: a completion waiting on a row lock delays nothing else."""
+        try:
+            while not self.halt.is_set():
+                due = self.ledger.acks_due_at(self.window)
+                wait = 3600.0 if due is None else max(0.0, due - time.monotonic())
+                self.new_deadline.wait(wait)
+                self.new_deadline.clear()
+                if self.halt.is_set():
+                    break
+                try:
+                    self.flush(due_only=True)
+                except Exception as exc:  # never dies: the next deadline tries again
+                    logger.error(
+                        "ack writer error worker=%s error=%s",
+                        self.worker_id,
+                        storable_text(one_line(exc)),
+                        exc_info=exc,
+                    )
+                    close(self.using)
+                    self.halt.wait(1.0)
+        finally:
+            close(self.using)
+
+    def stop(self) -> None:
+        """Wake the ack writer so that it sees the halt (the owner flushes what is left)."""
+        self.new_deadline.set()
 
     @property
     def enabled(self) -> bool:
@@ -62,26 +115,43 @@ class Acks:
         tasks = self.ledger.take_acks(window=self.window if due_only else None, size=self.size)
         if not tasks:
             return
+        try:
+            lost = self._write(tasks)
+        finally:
+            self.ledger.acks_written(tasks)
+        if lost is not None and logger.isEnabledFor(logging.DEBUG):
+            lost_ids = {id(t) for t in lost}
+            for task in tasks:
+                if id(task) not in lost_ids:
+                    logger.debug(
+                        "task done task=%s:%s attempt=%s worker=%s",
+                        type(task)._meta.label,
+                        task.pk,
+                        task.attempts,
+                        self.worker_id,
+                    )
+
+    def _write(self, tasks: list[Any]) -> list[Any] | None:
+        """Write ``tasks``' completions, batched; return those not completed (None: the
+        worker halted while the database was away, nothing written)."""
         failures = 0
         while True:
             try:
-                lost = complete_many(tasks)
-                break
-            except DatabaseError as exc:
+                return complete_many(tasks)
+            except Exception as exc:
                 close(self.using)
-                if not connection_trouble(exc):
-                    # Not an outage: the batched statement itself fails (a pk type or a
-                    # backend it does not suit). Never retried as is: one by one.
+                if not (isinstance(exc, DatabaseError) and connection_trouble(exc)):
+                    # Not an outage: the batched statement itself fails (a value one row
+                    # cannot store, a pk type or a backend it does not suit). Never
+                    # retried as is: one by one, so that only the guilty row fails.
                     logger.error(
                         "batched completion failed tasks=%s worker=%s error=%s: "
                         "writing them one by one",
                         len(tasks),
                         self.worker_id,
-                        one_line(exc),
-                        exc_info=exc,
+                        storable_text(one_line(exc)),
                     )
-                    lost = self.one_by_one(tasks)
-                    break
+                    return self.one_by_one(tasks)
                 failures += 1
                 log = logger.warning if failures == 1 else logger.debug
                 log(
@@ -97,18 +167,7 @@ class Acks:
                         len(tasks),
                         self.worker_id,
                     )
-                    return
-        if logger.isEnabledFor(logging.DEBUG):
-            lost_ids = {id(t) for t in lost}
-            for task in tasks:
-                if id(task) not in lost_ids:
-                    logger.debug(
-                        "task done task=%s:%s attempt=%s worker=%s",
-                        type(task)._meta.label,
-                        task.pk,
-                        task.attempts,
-                        self.worker_id,
-                    )
+                    return None
 
     def one_by_one(self, tasks: list[Any]) -> list[Any]:
         """Fenced completion per task (the fallback of a failing batched write); return
@@ -120,15 +179,54 @@ class Acks:
                 complete_pending(task)
             except ClaimLost:
                 left.append(task)
-            except DatabaseError as exc:
+            except Exception as exc:
                 left.append(task)
                 close(self.using)
-                logger.error(
-                    "completion not recorded task=%s:%s worker=%s error=%s "
-                    "(its lease will expire and it will run again)",
-                    type(task)._meta.label,
-                    task.pk,
-                    self.worker_id,
-                    one_line(exc),
-                )
+                if isinstance(exc, DatabaseError) and connection_trouble(exc):
+                    logger.error(
+                        "completion not recorded task=%s:%s worker=%s error=%s "
+                        "(its lease will expire and it will run again)",
+                        type(task)._meta.label,
+                        task.pk,
+                        self.worker_id,
+                        one_line(exc),
+                    )
+                else:
+                    fail_unstorable(task, exc, worker_id=self.worker_id)
         return left
+
+
+def fail_unstorable(task: Claimable, exc: BaseException, *, worker_id: str) -> Outcome:
+    """The database refused ``task``'s outcome for the row itself (not an outage): a
+    value it cannot store (encoding, NUL, data, constraint, size). The row fails for
+    good, fenced on its claim token, with the reason in ``last_error``; it is never left
+    ``processing`` to run again after its lease. Returns ``failed``, ``lost`` (the claim
+    was taken back meanwhile) or ``error`` (not even the failure could be written: the
+    row is then recovered after its lease, like any lost write)."""
+    label = type(task)._meta.label
+    reason = storable_text(f"the task's outcome could not be stored: {type(exc).__name__}: {exc}")
+    for text in (reason, f"the task's outcome could not be stored ({type(exc).__name__})"):
+        try:
+            fail(task, text)
+        except ClaimLost:
+            return Outcome.LOST
+        except Exception as again:
+            error = again
+            continue
+        logger.error(
+            "task failed: outcome not storable task=%s:%s attempt=%s worker=%s error=%s",
+            label,
+            task.pk,
+            task.attempts,
+            worker_id,
+            storable_text(one_line(exc)),
+        )
+        return Outcome.FAILED
+    logger.error(
+        "task outcome not recorded task=%s:%s worker=%s error=%s (its lease will expire)",
+        label,
+        task.pk,
+        worker_id,
+        storable_text(one_line(error)),
+    )
+    return Outcome.ERROR

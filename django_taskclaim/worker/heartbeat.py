@@ -1,15 +1,24 @@
 """The heartbeat thread: keeps the leases of every row the process holds.
 
 Every ``interval`` (``TASKCLAIM_HEARTBEAT_INTERVAL``, or a third of the lease; always
-under half of it) it extends, in one fenced statement per model, the leases of the
-ledger's rows: claimed, running (except ``ClaimMeta.atomic`` bodies, whose row lock is
-held by their own transaction) and run-but-unacknowledged. A row whose extension fails
-was taken back (cancelled, released, reaped and re-claimed): it is marked lost, never
-started if it had not been; if it is running, its cancellation flag is set
-(``task.cancel_requested()``) and ``on_lost`` is called (an async body gets
-``CancelledError``). Its holder's later writes are fenced out by the token anyway. In
-between, it writes buffered completions as their ``ack_window`` runs out and refreshes
-the registry. The thread never dies: an error is logged and the next beat comes sooner.
+under half of it) it extends, per model, the leases of the ledger's rows: claimed,
+running (except ``ClaimMeta.atomic`` bodies, whose row lock is held by their own
+transaction) and run-but-unacknowledged (buffered or being written). It only renews: it
+writes no outcome, and a row another session holds locked (a web request's
+``select_for_update()``, a completion waiting on that lock) is skipped, never waited for
+(:meth:`~django_taskclaim.querysets.ClaimQuerySetMixin.renew_leases`), so one locked row
+never lets the other leases lapse.
+
+A row whose extension fails was taken back (cancelled, released, reaped and re-claimed):
+it is marked lost, never started if it had not been; if it is running, its cancellation
+flag is set (``task.cancel_requested()``) and ``on_lost`` is called (an async body gets
+``CancelledError``). Its holder's later writes are fenced out by the token anyway.
+
+A lease that could not be renewed (database unreachable, row locked by someone else)
+is watched: one interval before it can lapse, the body running under it is told to stop
+the same way, and an unstarted row is never started — before another worker could take
+the row, not after. The thread also refreshes the registry. It never dies: an error is
+logged and the next beat comes sooner.
 """
 
 from __future__ import annotations
@@ -58,7 +67,8 @@ class Heartbeat(threading.Thread):
         self.using = using
         self.worker_id = worker_id
         self.halt = halt
-        self.wake = acks.new_deadline  # set when a new ack deadline exists
+        #: id(task) → (the task, monotonic time by which its lease surely still runs).
+        self._until: dict[int, tuple[Any, float]] = {}
 
     def run(self) -> None:
         failures = 0
@@ -66,16 +76,8 @@ class Heartbeat(threading.Thread):
         touch_every = min(interval, REGISTRY_INTERVAL)
         next_beat = time.monotonic() + interval
         next_touch = time.monotonic() + touch_every
-        while not self.halt.is_set():
-            due = self.ledger.acks_due_at(self.acks.window) if self.acks.enabled else None
-            wake_at = min(next_beat, next_touch) if due is None else min(next_beat, next_touch, due)
-            self.wake.wait(max(0.0, wake_at - time.monotonic()))
-            self.wake.clear()
-            if self.halt.is_set():
-                break
+        while not self.halt.wait(max(0.0, min(next_beat, next_touch) - time.monotonic())):
             try:  # this thread never dies: leases of running tasks depend on it
-                if due is not None and time.monotonic() >= due:
-                    self.acks.flush(due_only=True)
                 now = time.monotonic()
                 if now >= next_beat:
                     self.beat()
@@ -101,22 +103,76 @@ class Heartbeat(threading.Thread):
                 close(self.registry.db)
                 next_beat = time.monotonic() + min(interval, 1.0)
                 next_touch = next_beat
+            self.stop_lapsing()
         close(self.using)
         close(self.registry.db)
 
     def beat(self) -> None:
-        """Extend every held lease (one statement per model), then touch the registry."""
+        """Renew every held lease (one transaction per model; rows locked by another
+        session skipped), then touch the registry."""
         by_model: dict[type[Model], list[tuple[Any, int]]] = {}
-        for task in self.ledger.held(skip_running=lambda t: get_options(type(t)).atomic):
+        held = self.ledger.held(skip_running=lambda t: get_options(type(t)).atomic)
+        self._track(held)
+        for task in held:
             by_model.setdefault(type(task), []).append((task, task.version))
-        for model, held in by_model.items():
-            snaps = [_Snap(task.pk, version) for task, version in held]
-            lost = ClaimQuerySet(model=model, using=self.using).extend_leases(
-                snaps, self.lease_for(model)
-            )
+        for model, pairs in by_model.items():
+            snaps = [_Snap(task.pk, version) for task, version in pairs]
+            lease = self.lease_for(model)
+            sent = time.monotonic()
+            lost, busy = ClaimQuerySet(model=model, using=self.using).renew_leases(snaps, lease)
+            not_renewed = {(s.pk, s.version) for s in (*lost, *busy)}
+            for task, version in pairs:
+                if (task.pk, version) not in not_renewed:
+                    self._until[id(task)] = (task, sent + lease)
+            if busy:
+                logger.info(
+                    "lease not renewed: row locked by another session tasks=%s worker=%s",
+                    ",".join(f"{model._meta.label}:{s.pk}" for s in busy),
+                    self.worker_id,
+                )
             if lost:
-                self.mark_lost(held, {(s.pk, s.version) for s in lost})
+                self.mark_lost(pairs, {(s.pk, s.version) for s in lost})
         self.registry.touch()
+
+    def _track(self, held: list[Any]) -> None:
+        """Start watching newly held rows, forget those no longer held. A new row's lease
+        began at its claim, at most one interval before this beat first sees it."""
+        now = time.monotonic()
+        ids = {id(t) for t in held}
+        for key in [k for k in self._until if k not in ids]:
+            del self._until[key]
+        for task in held:
+            if id(task) not in self._until:
+                start = now - self.interval
+                self._until[id(task)] = (task, start + self.lease_for(type(task)))
+
+    def stop_lapsing(self) -> None:
+        """Tell every body whose lease could not be renewed, one interval before it can
+        lapse, to stop (cancellation flag, ``on_lost``); an unstarted row is then never
+        started. Nothing is written: if a renewal lands after all, the body's own
+        outcome write is still valid."""
+        if not self._until:
+            return
+        margin = time.monotonic() + self.interval
+        for task in self.ledger.startable():
+            entry = self._until.get(id(task))
+            if entry is None or entry[1] > margin:
+                continue
+            flag = cancel_flag(task)
+            if flag.is_set():
+                continue
+            flag.set()
+            if self.on_lost is not None:
+                self.on_lost(task)
+            logger.warning(
+                "lease not renewed task=%s:%s attempt=%s worker=%s: it may lapse in %.1fs, "
+                "the task is asked to stop (cancellation flag)",
+                type(task)._meta.label,
+                task.pk,
+                task.attempts,
+                self.worker_id,
+                max(0.0, entry[1] - time.monotonic()),
+            )
 
     def mark_lost(self, held: list[tuple[Any, int]], lost: set[tuple[Any, int]]) -> None:
         for task, version in held:

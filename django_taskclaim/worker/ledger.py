@@ -47,6 +47,7 @@ class Ledger:
         self._running: dict[str, Any] = {}
         self._finishing: set[str] = set()  # threads whose body returned, outcome not written
         self._acks: list[Any] = []
+        self._writing: dict[int, Any] = {}  # acks taken by a writer, not written yet
         self._acks_since: float | None = None
         self._lost: set[tuple[type, Any, int]] = set()
         self._reserved = 0
@@ -218,7 +219,15 @@ class Ledger:
                 if young and (not size or len(self._acks) < size):
                     return []
             acks, self._acks, self._acks_since = self._acks, [], None
+            self._writing.update((id(t), t) for t in acks)
             return acks
+
+    def acks_written(self, tasks: list[Any]) -> None:
+        """The writer of ``tasks`` (from :meth:`take_acks`) is done with them, written or
+        not: their leases need no keeping any more."""
+        with self._lock:
+            for task in tasks:
+                self._writing.pop(id(task), None)
 
     def acks_due_at(self, window: float) -> float | None:
         """When the oldest buffered completion's window ends (monotonic), or None."""
@@ -228,10 +237,18 @@ class Ledger:
     # -- heartbeat, shutdown ----------------------------------------------------------
     def held(self, *, skip_running: Any = None) -> list[Any]:
         """Every row whose lease this process must keep: claimed, running (but not those
-        ``skip_running(task)`` excludes) and run-but-unacknowledged."""
+        ``skip_running(task)`` excludes) and run-but-unacknowledged (buffered, or being
+        written: a completion waiting on a row lock keeps its lease until it lands)."""
         with self._lock:
             running = [t for t in self._running.values() if not (skip_running and skip_running(t))]
-            return [*self._claimed, *running, *self._acks]
+            return [*self._claimed, *running, *self._acks, *self._writing.values()]
+
+    def startable(self) -> list[Any]:
+        """The rows claimed or running here whose body has not returned: those a lapsing
+        lease must stop (by their cancellation flag) before another worker may start them."""
+        with self._lock:
+            running = [t for me, t in self._running.items() if me not in self._finishing]
+            return [*self._claimed, *running]
 
     def mark_lost(self, task: Claimable, version: int) -> str | None:
         """Record that ``task`` (at token ``version``) was taken back. Returns
