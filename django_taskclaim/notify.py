@@ -137,9 +137,12 @@ _SAFE_PARAMS = (
 class Listener(threading.Thread):
     """A thread that LISTENs on a dedicated psycopg connection and calls ``on_wake(label)``.
 
-    Reconnects with jittered exponential backoff when the connection drops (and calls
-    ``on_wake(None)`` after reconnecting, since notifications may have been missed).
-    ``online`` tells whether it currently listens. Blocks in ``select()`` while idle.
+    Reconnects with the worker's backoff when the connection drops, and at once when
+    another thread of the process reaches the database again; it calls
+    ``on_wake(None)`` after reconnecting, since notifications may have been missed.
+    A lost connection or a reconnect is reported to the rest of the process (an outage
+    is noticed here first: this thread waits on the socket). ``online`` tells whether
+    it currently listens. Blocks in ``select()`` while idle.
     """
 
     def __init__(
@@ -156,11 +159,13 @@ class Listener(threading.Thread):
         self.on_wake = on_wake
         self.online = threading.Event()
         self._halt = threading.Event()
+        self._retry = threading.Event()  # ends a backoff early
         self._conn: Any = None
 
     def stop(self) -> None:
         """Ask the thread to end (within about a second)."""
         self._halt.set()
+        self._retry.set()
 
     def _connect(self) -> Any:
         import psycopg  # here: psycopg is needed on PostgreSQL only, not a dependency
@@ -174,17 +179,22 @@ class Listener(threading.Thread):
         return conn
 
     def run(self) -> None:
+        # Deferred: the worker package, which starts this thread, imports this module.
+        from .worker.dbconn import back, backoff, pause, trouble
+
         failures = 0
         while not self._halt.is_set():
             try:
                 self._conn = self._connect()
             except Exception as exc:
                 failures += 1
-                delay = min(30.0, 0.5 * 2 ** min(failures, 6)) * random.uniform(0.5, 1.5)
+                trouble(self.using)
+                delay = backoff(failures, self.using)
                 log = logger.warning if failures == 1 else logger.debug
                 log("listen connection failed error=%s retry_in=%.1fs", _one_line(exc), delay)
-                self._halt.wait(delay)
+                pause(delay, self._retry, self.using)  # or another thread reconnected
                 continue
+            back(self.using)  # wakes the other threads' backoffs
             if failures:
                 logger.info("listening again channel=%s", _channel())
                 self.on_wake(None)
@@ -198,6 +208,7 @@ class Listener(threading.Thread):
                 if not self._halt.is_set():
                     logger.warning("listen connection lost error=%s", _one_line(exc))
                     failures = 1
+                    trouble(self.using)
             finally:
                 self.online.clear()
                 try:

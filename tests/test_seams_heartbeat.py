@@ -19,7 +19,7 @@ from django.db import connections, transaction
 
 from tests.helpers import simulate_work, wait_for
 from tests.testapp.models import Document, Ledger
-from tests.worker_handlers import ATTEMPT
+from tests.worker_handlers import ATTEMPT, NOTICED
 from tests.worker_procs import WorkerProc, stop_all
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -143,3 +143,34 @@ def test_an_unstorable_result_fails_its_row_alone(procs, poison, plain):
     w.stop()
     for doc in [*good, bad]:
         assert len(attempts(doc.pk)) == 1, doc.title
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    settings.DB_VENDOR == "sqlite", reason="SQLite has no row locks (it locks the whole file)"
+)
+def test_a_lease_that_cannot_be_renewed_stops_its_body_before_it_lapses(procs):
+    """A web request holds a running task's row locked longer than its lease: the
+    heartbeat cannot renew it, so the body is told to stop (cancellation flag) before
+    the lease it holds can lapse, on the database clock."""
+    task = Document.objects.create(title="long")
+    w = WorkerProc(
+        "testapp.Document",
+        "--lease",
+        "6",
+        settings=FAST,
+        claim_meta={"handler": "tests.worker_handlers.process_until_cancelled"},
+    )
+    procs.append(w)
+    wait_for(lambda: attempts(task.pk), timeout=60, what="the task to start")
+    with transaction.atomic():  # read committed: each read sees the body's new rows
+        list(Document.objects.select_for_update().filter(pk=task.pk))
+        # No renewal can land from now on: the lease ends where it stands.
+        seen = wait_for(
+            lambda: list(Ledger.objects.filter(task_id=task.pk, worker__startswith=NOTICED)),
+            timeout=30,
+            what=f"the body to see its cancellation flag\n{w.stderr()[-3000:]}",
+        )
+        lease_end = Document.objects.get(pk=task.pk).locked_until
+    assert seen[0].at < lease_end, (seen[0].at, lease_end)
+    assert "lease not renewed" in w.stderr()

@@ -29,7 +29,7 @@ from ..options import get_options
 from ..strategies import was_recovered
 from .acks import Acks
 from .config import WorkerConfig
-from .dbconn import backoff, close, one_line
+from .dbconn import backoff, close, drop_stale, one_line, pause
 from .ledger import Ledger
 
 logger = logging.getLogger("django_taskclaim.worker")
@@ -93,6 +93,7 @@ class Claimer(threading.Thread):
             # retry written as an executor settles): an empty claim ends a burst only if
             # nothing was in flight when it started.
             busy = self.ledger.in_flight()
+            drop_stale()  # dead since an outage another thread saw: reconnect, not fail
             try:
                 rows = self._claim(models, turn, want)
                 turn += 1
@@ -100,7 +101,7 @@ class Claimer(threading.Thread):
                 self.ledger.unreserve(want)
                 failures += 1
                 close(self.config.using)
-                delay = backoff(failures)
+                delay = backoff(failures, self.config.using)
                 log = logger.warning if failures == 1 else logger.debug
                 log(
                     "database error during claim worker=%s error=%s retry_in=%.1fs",
@@ -108,7 +109,8 @@ class Claimer(threading.Thread):
                     one_line(exc),
                     delay,
                 )
-                self.stopping.wait(delay)
+                # Cut short by a notification, a stop, or any thread reconnecting.
+                pause(delay, self.wake, self.config.using)
                 continue
             if failures:
                 logger.info("database reachable again worker=%s", self.worker_id)

@@ -30,11 +30,11 @@ from ..lifecycle import Attempt, Outcome, TaskAborted, attempt, cancel_flag, set
 from ..options import get_options
 from ..strategies import was_recovered
 from ..types import Claimable, model_of
-from .acks import Acks
+from .acks import Acks, fail_unstorable
 from .aio import EventLoop
 from .bodies import Body
 from .config import WorkerConfig
-from .dbconn import backoff, close, connection_trouble, one_line
+from .dbconn import backoff, close, connection_trouble, drop_stale, one_line
 from .exits import CRASH_WINDOW, MAX_CRASHES
 from .ledger import Ledger
 
@@ -140,6 +140,7 @@ class Executors:
     def run_one(self, task: Claimable) -> Outcome:
         """Run one claimed row and record its outcome; return the outcome."""
         label = type(task)._meta.label
+        drop_stale()  # a connection dead since an outage is replaced, not failed on
         if was_recovered(task):
             # It may be the task that killed a worker: nothing else of this process may
             # be lost with it. The claimer claims nothing while it is held; wait for the
@@ -174,19 +175,8 @@ class Executors:
         defer = self.acks.defer if self.acks.enabled and not lost else None
         try:
             outcome = settle(task, done, defer=defer)
-        except DatabaseError as exc:
+        except Exception as exc:  # a refused value fails its row; an outage is waited out
             outcome = self._settle_again(task, done, exc)
-        except Exception as exc:
-            logger.error(
-                "task could not be settled task=%s:%s attempt=%s worker=%s error=%s",
-                label,
-                task.pk,
-                task.attempts,
-                self.worker_id,
-                one_line(exc),
-                exc_info=exc,
-            )
-            outcome = Outcome.ERROR
         if outcome is Outcome.LOST or self.ledger.is_lost(task):
             logger.warning(
                 "claim lost task=%s:%s attempt=%s worker=%s: its writes did not land",
@@ -247,21 +237,17 @@ class Executors:
             self.ledger.wait_settled(cancelled, wait)
 
     def _settle_again(self, task: Claimable, done: Attempt, exc: BaseException) -> Outcome:
-        """The outcome write hit a database error: once the connection is back, make
-        the same fenced write again (``done`` is known; a write that had landed is then
-        seen as ``lost`` and nothing more is written)."""
+        """The outcome write failed. An outage: once the connection is back, make the
+        same fenced write again (``done`` is known; a write that had landed is then seen
+        as ``lost`` and nothing more is written). Anything else (a value the database
+        refuses: encoding, NUL, data, constraint, size) is the row's permanent failure
+        (:func:`~.acks.fail_unstorable`): never left ``processing`` to run again."""
         label = type(task)._meta.label
         failures = 0
         while True:
-            if not connection_trouble(exc):
-                logger.error(
-                    "task outcome not recorded task=%s:%s worker=%s error=%s",
-                    label,
-                    task.pk,
-                    self.worker_id,
-                    one_line(exc),
-                )
-                return Outcome.ERROR
+            if not (isinstance(exc, DatabaseError) and connection_trouble(exc)):
+                close(self.config.using)
+                return fail_unstorable(task, exc, worker_id=self.worker_id)
             failures += 1
             close(self.config.using)
             log = logger.warning if failures == 1 else logger.debug
@@ -276,7 +262,7 @@ class Executors:
                 return Outcome.ABANDONED
             try:
                 return settle(task, done)
-            except DatabaseError as again:
+            except Exception as again:
                 exc = again
 
 
