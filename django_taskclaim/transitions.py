@@ -153,6 +153,11 @@ def fail(task: Claimable, error: BaseException | str = "", **fields: Any) -> Non
     signals.task_failed.send(sender=type(task), task=task, error=error, final=True)
 
 
+#: The attribute of an instance that :func:`retry` made ready again: seconds until the
+#: next attempt may start (for log lines).
+RETRY_IN_ATTR = "_taskclaim_retry_in"
+
+
 def retry(
     task: Claimable,
     *,
@@ -186,6 +191,7 @@ def retry(
     if opts.has("run_after"):
         updates["run_after"] = DbNow() + timedelta(seconds=wait) if wait > 0 else None
     _fenced_update(task, "ready", updates)
+    task.__dict__[RETRY_IN_ATTR] = wait if opts.has("run_after") else 0.0
     signals.task_failed.send(sender=type(task), task=task, error=error, final=False)
     return Outcome.READY
 

@@ -38,7 +38,9 @@ def stuck():
 def test_dry_run_counts_and_changes_nothing(stuck):
     before = list(Document.objects.order_by("pk").values_list("status", "version"))
     out = reap("--dry-run", "testapp.Document")
-    assert "testapp.Document: would requeue=2 would fail=1" in out
+    assert "dry run: nothing is changed" in out
+    assert "testapp.Document: would requeue=2 would fail=1; 1 held with a valid lease" in out
+    assert "total: would requeue=2 would fail=1" in out
     assert list(Document.objects.order_by("pk").values_list("status", "version")) == before
 
 

@@ -29,7 +29,9 @@ from ..exceptions import ClaimLost, Retry
 from ..lifecycle import Attempt, Outcome, TaskAborted, attempt, cancel_flag, settle
 from ..options import get_options
 from ..strategies import was_recovered
+from ..transitions import RETRY_IN_ATTR
 from ..types import Claimable, model_of
+from ..writes import storable_text
 from .acks import Acks, fail_unstorable
 from .aio import EventLoop
 from .bodies import Body
@@ -185,7 +187,21 @@ class Executors:
                 task.attempts,
                 self.worker_id,
             )
-        if outcome is not Outcome.DEFERRED:  # logged once its completion is written
+        if outcome is Outcome.READY and done.error is not None:
+            logger.info(
+                "task %s, will retry task=%s:%s (attempt %s/%s) in %.1fs worker=%s "
+                "duration=%.3fs error=%s",
+                "asked to retry" if isinstance(done.error, Retry) else "failed",
+                label,
+                task.pk,
+                task.attempts,
+                get_options(task).max_attempts,
+                task.__dict__.get(RETRY_IN_ATTR, 0.0),
+                self.worker_id,
+                time.monotonic() - started,
+                storable_text(one_line(done.error)),
+            )
+        elif outcome is not Outcome.DEFERRED:  # logged once its completion is written
             log = logger.debug if outcome is Outcome.DONE else logger.info
             log(
                 "task %s task=%s:%s attempt=%s worker=%s duration=%.3fs",

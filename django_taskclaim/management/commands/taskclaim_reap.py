@@ -6,12 +6,13 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError
+from django.db import DatabaseError, router
 
 from django_taskclaim import bounds
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.management.verbosity import configure_logging
-from django_taskclaim.options import claimable_models, resolve_model
+from django_taskclaim.options import claimable_models, get_options, resolve_model
+from django_taskclaim.querysets import lease_running_q
 from django_taskclaim.reaper import recover_and_release, repeat_until_signalled
 
 
@@ -70,14 +71,23 @@ class Command(BaseCommand):
                 dry_run=options["dry_run"],
                 batch_size=batch,
             )
-            verb = "would requeue" if options["dry_run"] else "requeued"
+            dry = options["dry_run"]
+            verb, fail_verb = ("would requeue", "would fail") if dry else ("requeued", "failed")
+            if dry:
+                also = ", and release the named workers' rows" if options["release_worker"] else ""
+                self.stdout.write(
+                    "dry run: nothing is changed. One pass would put these rows back to "
+                    f"ready (lease expired) or to failed (attempts used up){also}:"
+                )
             for model in targets:
                 counts = result.per_model.get(model._meta.label, {"requeued": 0, "failed": 0})
-                self.stdout.write(
-                    f"{model._meta.label}: {verb}={counts['requeued']} "
-                    f"{'would fail' if options['dry_run'] else 'failed'}={counts['failed']}"
-                )
-            self.stdout.write(f"total: {verb}={result.requeued} failed={result.failed}")
+                label = model._meta.label
+                line = f"{label}: {verb}={counts['requeued']} {fail_verb}={counts['failed']}"
+                if dry:
+                    held = held_with_valid_lease(model, using, options["release_worker"])
+                    line += f"; {held} held with a valid lease (left alone)"
+                self.stdout.write(line)
+            self.stdout.write(f"total: {verb}={result.requeued} {fail_verb}={result.failed}")
             self.stdout.flush()
 
         if interval is None:
@@ -91,6 +101,18 @@ class Command(BaseCommand):
             one_pass,
             lambda exc: self.stderr.write(f"reap failed: {str(exc).strip().splitlines()[0]}"),
         )
+
+
+def held_with_valid_lease(model: Any, using: str | None, released: list[str]) -> int:
+    """Rows of ``model`` in processing whose lease runs (database clock), not held by a
+    worker named for release: what a pass leaves alone."""
+    opts = get_options(model)
+    qs = model._base_manager.db_manager(using or router.db_for_write(model)).filter(
+        lease_running_q(opts)
+    )
+    if released and opts.has("locked_by"):
+        qs = qs.exclude(locked_by__in=released)
+    return int(qs.count())
 
 
 def _number(value: Any, name: str) -> Any:
