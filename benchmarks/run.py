@@ -390,6 +390,7 @@ def bench_round_trips(alias: str) -> list[dict[str, Any]]:
     )
     held = qs.claim(100)
     count("extend_leases(100 tasks) heartbeat", 100, lambda: qs.extend_leases(held))
+    count("renew_leases(100 tasks) worker heartbeat", 100, lambda: qs.renew_leases(held))
     count("task.extend_lease() heartbeat", 1, lambda: held[0].extend_lease())
     return rows
 
