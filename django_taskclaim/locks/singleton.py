@@ -58,7 +58,12 @@ def singleton(
       call raises :class:`LockLost` after the function returns.
     - ``backend="advisory"`` (PostgreSQL, MySQL/MariaDB): a non-waiting
       :func:`advisory` lock, transaction scope unless ``xact=False``; ``ttl`` unused.
+
+    A bad ``backend``, ``ttl`` or key raises :class:`LockUsageError`, an ``xact`` that is
+    not a bool ``TypeError``, when the function is decorated.
     """
+    if not isinstance(xact, bool):
+        raise TypeError(f"singleton(xact=...) is True or False, got {xact!r}")
     if backend not in ("lease", "advisory"):
         raise LockUsageError(f'singleton backend is "lease" or "advisory", got {backend!r}')
     if backend == "lease":

@@ -5,6 +5,7 @@ to a broker at least once, in order per key.
 - :func:`publish` — write one, inside the caller's ``transaction.atomic()``.
 - :class:`Relay` — claims, publishes and completes (fenced) the committed rows,
   partitioned by key hash, one relay per partition at a time.
+- :mod:`.limits` — what each broker can never accept (``publish()`` checks it).
 - Publishers: :class:`RabbitMQPublisher` (``pika``), :class:`NatsPublisher`
   (``nats-py``), :class:`KafkaPublisher` (untested), behind :class:`Publisher`.
 
@@ -25,13 +26,14 @@ from .publishers import (
     RabbitMQPublisher,
     make_publisher,
 )
-from .relay import MAX_PARTITIONS, Relay, rounds
+from .relay import MAX_PARTITIONS, MESSAGE_ATTEMPTS, Relay, rounds
 from .write import default_outbox_model, outbox_model, outbox_models, publish
 
 __all__ = [
     "KEY_HASH_SPACE",
     "KEY_HEADER",
     "MAX_PARTITIONS",
+    "MESSAGE_ATTEMPTS",
     "PUBLISHERS",
     "KafkaPublisher",
     "MessagesRejected",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from typing import Any
+from typing import Any, ClassVar
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -49,7 +49,8 @@ class OutboxMessage(ClaimableModel):
     :class:`~django_taskclaim.models.ClaimableModel` adds (``created_at`` is written by
     the database clock). Write rows with :func:`django_taskclaim.outbox.publish`; the
     relay (``manage.py taskclaim_relay``) claims them in ``id`` order, publishes them and
-    marks them ``done`` (or ``failed`` with the broker's reason).
+    marks them ``done`` (or ``failed`` with the reason when the broker or its client can
+    never accept one).
     """
 
     topic = models.CharField(_("topic"), max_length=255)
@@ -60,6 +61,13 @@ class OutboxMessage(ClaimableModel):
     idempotency_key = models.CharField(
         _("idempotency key"), max_length=64, unique=True, default=new_idempotency_key
     )
+
+    #: The brokers this outbox's relay publishes to (publisher names): ``publish()``
+    #: refuses, up front, a message one of them could never accept (see
+    #: :mod:`django_taskclaim.outbox.limits`). Name only yours, e.g. ``("rabbitmq",)``, to
+    #: allow what only the others refuse (whitespace in a RabbitMQ routing key); ``()``
+    #: checks nothing.
+    outbox_brokers: ClassVar[tuple[str, ...]] = ("rabbitmq", "nats")
 
     #: Rows are published by ``manage.py taskclaim_relay``, never run by a worker (the
     #: model has no handler; the system check's W004 knows this attribute).

@@ -1,11 +1,15 @@
 """Publishers: the brokers a relay publishes to, behind one small protocol.
 
 A publisher's :meth:`Publisher.publish_batch` returns only after the broker confirmed
-every message it was given; it raises :class:`PublishError` when it cannot say that
-(the relay retries the batch with backoff) and :class:`MessagesRejected` for messages
-the broker refused for good (the others of the batch were confirmed). The relay never
-gives one batch two messages with the same ordering key, so a publisher may pipeline a
-batch.
+every message it was given. Otherwise it raises :class:`PublishError`, which says per
+message what happened as far as the publisher knows: ``confirmed`` (sent and confirmed:
+never sent again), ``rejected`` (the broker or its client can never accept it: the relay
+marks it ``failed`` at once) and ``errors`` (it alone failed, for a reason the publisher
+cannot classify, while the broker stayed reachable: the relay retries it a few times,
+then marks it ``failed``); every other message of the batch is retried, uncounted (the
+broker is down, timed out, refused for now). :class:`MessagesRejected` is the case where
+only ``rejected`` messages failed. The relay never gives one batch two messages with the
+same ordering key, so a publisher may pipeline a batch.
 """
 
 from __future__ import annotations
@@ -13,10 +17,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ..exceptions import TaskClaimError
+from .limits import amqp_problem, nats_problem
 
 logger = logging.getLogger("django_taskclaim.outbox")
 
@@ -25,8 +30,26 @@ KEY_HEADER = "Outbox-Key"
 
 
 class PublishError(TaskClaimError):
-    """The broker did not confirm the batch (unreachable, timed out, refused for now):
-    retry it."""
+    """The broker did not confirm the whole batch.
+
+    ``confirmed``: idempotency keys the broker confirmed before the error; ``rejected``:
+    key → reason for messages it (or its client) can never accept; ``errors``: key →
+    reason for messages that failed on their own while the broker stayed reachable.
+    Every other message of the batch is to be retried (unreachable, timed out, refused
+    for now)."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        confirmed: Iterable[str] = (),
+        rejected: Mapping[str, str] | None = None,
+        errors: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.confirmed = frozenset(confirmed)
+        self.rejected = dict(rejected or {})
+        self.errors = dict(errors or {})
 
 
 class MessagesRejected(PublishError):
@@ -35,8 +58,7 @@ class MessagesRejected(PublishError):
     confirmed."""
 
     def __init__(self, rejected: Mapping[str, str]) -> None:
-        self.rejected = dict(rejected)
-        super().__init__(f"{len(self.rejected)} message(s) rejected by the broker")
+        super().__init__(f"{len(rejected)} message(s) rejected by the broker", rejected=rejected)
 
 
 @runtime_checkable
@@ -65,6 +87,33 @@ def headers_of(message: Any) -> dict[str, str]:
     return {**{str(k): str(v) for k, v in (message.headers or {}).items()}, KEY_HEADER: message.key}
 
 
+def encoded_body(message: Any) -> bytes | str:
+    """The message body, or why it has none (a payload a JSON column stored but UTF-8
+    cannot encode)."""
+    try:
+        return body_of(message)
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError is a ValueError
+        return f"the payload cannot be encoded as UTF-8 JSON: {_reason(exc)}"
+
+
+def refusal(
+    message: Any,
+    rule: Callable[[str, str, Mapping[str, str], str], str | None],
+    extra_headers: Mapping[str, str] | None = None,
+) -> str | None:
+    """Why a broker whose rules are ``rule`` (see :mod:`.limits`) can never accept
+    ``message``, its headers being :func:`headers_of` plus ``extra_headers``; ``None``
+    when it can."""
+    if not isinstance(message.headers or {}, Mapping):
+        return "headers are not a JSON object"
+    headers = {**headers_of(message), **(extra_headers or {})}
+    problem = rule(message.topic, message.key, headers, message.idempotency_key)
+    if problem is None:
+        body = encoded_body(message)
+        problem = body if isinstance(body, str) else None
+    return problem
+
+
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -77,9 +126,12 @@ class RabbitMQPublisher:
 
     ``url`` is an AMQP URL (``amqp://guest:guest@127.0.0.1:5672/%2F``); messages go to
     ``exchange`` (default: the default exchange, where the topic names the queue) with
-    the topic as routing key. A message no queue is bound for (returned unroutable) or
-    that the broker refuses as malformed is rejected for good; a negative
-    acknowledgement, a lost connection or a timeout is retried.
+    the topic as routing key. A message no queue is bound for (returned unroutable), or
+    one the AMQP client cannot encode (a routing key, message id or header name over 255
+    bytes, a payload that is not UTF-8), is rejected for good; a message on which the
+    broker closes the channel with ``406 PRECONDITION_FAILED`` (over its size limit) is a
+    message error; a negative acknowledgement, a lost connection, a closed channel or a
+    timeout is retried.
     """
 
     def __init__(self, url: str, *, exchange: str = "", timeout: float = 10.0) -> None:
@@ -113,16 +165,45 @@ class RabbitMQPublisher:
             self.close()
             raise PublishError(f"cannot reach RabbitMQ: {_reason(exc)}") from exc
 
+    def refusal(self, message: Any) -> str | None:
+        """Why RabbitMQ can never accept ``message`` (checked before sending), or ``None``."""
+        return refusal(message, amqp_problem)
+
     def publish_batch(self, messages: Sequence[Any]) -> None:
         """Publish each message and wait for its confirm (in order, one channel)."""
         exceptions = self._pika.exceptions
-        self.connect()
+        # The client refuses these before anything is sent, whatever the message.
+        cannot_encode = (TypeError, ValueError)
+        # These say the connection or channel is gone, not that this message is bad.
+        broker_trouble = (
+            exceptions.AMQPConnectionError,
+            exceptions.ChannelClosed,
+            exceptions.ChannelWrongStateError,
+            OSError,
+        )
+        confirmed: list[str] = []
         rejected: dict[str, str] = {}
+        errors: dict[str, str] = {}
+
+        def trouble(text: str) -> PublishError:
+            self.close()
+            # Errors seen before the connection broke may have been the broker's too.
+            return PublishError(text, confirmed=confirmed, rejected=rejected)
+
         for message in messages:
+            ident = message.idempotency_key
+            problem = self.refusal(message)
+            if problem is not None:
+                rejected[ident] = problem
+                continue
+            try:
+                self.connect()
+            except PublishError as exc:
+                raise trouble(str(exc)) from exc
             props = self._pika.BasicProperties(
                 delivery_mode=2,
                 content_type="application/json",
-                message_id=message.idempotency_key,
+                message_id=ident,
                 headers=headers_of(message),
             )
             try:
@@ -130,15 +211,43 @@ class RabbitMQPublisher:
                     self.exchange, message.topic, body_of(message), props, mandatory=True
                 )
             except exceptions.UnroutableError:
-                rejected[message.idempotency_key] = (
+                rejected[ident] = (
                     f"unroutable: no queue is bound to routing key {message.topic!r} "
                     f"on exchange {self.exchange!r}"
                 )
             except exceptions.NackError as exc:
-                raise PublishError(f"RabbitMQ refused the message for now: {_reason(exc)}")
+                raise trouble(f"RabbitMQ refused the message for now: {_reason(exc)}")
+            except exceptions.ShortStringTooLong as exc:
+                self.close()  # nothing was sent, but start the next one on a fresh channel
+                size = len(exc.args[0]) if exc.args else "over 255"
+                rejected[ident] = (
+                    "the AMQP client cannot send it: ShortStringTooLong: a routing key, "
+                    f"message id or header name is {size} bytes; AMQP allows at most 255"
+                )
+            except cannot_encode as exc:
+                self.close()
+                rejected[ident] = f"the AMQP client cannot send it: {_reason(exc)}"
+            except exceptions.ChannelClosedByBroker as exc:
+                if exc.reply_code != 406:  # e.g. 404: the exchange does not exist
+                    raise trouble(f"RabbitMQ publish failed: {_reason(exc)}") from exc
+                self.close()  # PRECONDITION_FAILED: this message (its size, ...)
+                errors[ident] = f"RabbitMQ closed the channel on it: {_reason(exc)}"
+            except broker_trouble as exc:
+                raise trouble(f"RabbitMQ publish failed: {_reason(exc)}") from exc
             except Exception as exc:
                 self.close()
-                raise PublishError(f"RabbitMQ publish failed: {_reason(exc)}") from exc
+                errors[ident] = f"RabbitMQ publish failed: {_reason(exc)}"
+            else:
+                confirmed.append(ident)
+        if errors:
+            try:
+                self.connect()  # an error counts against its message only if the broker is up
+            except PublishError as exc:
+                raise trouble(str(exc)) from exc
+            raise PublishError(
+                f"{len(errors)} message(s) failed", confirmed=confirmed, rejected=rejected,
+                errors=errors,
+            )  # fmt: skip
         if rejected:
             raise MessagesRejected(rejected)
 
@@ -160,9 +269,10 @@ class NatsPublisher:
     default) and the consumer sees it once.
 
     ``url`` is a NATS URL (``nats://127.0.0.1:4222``); the topic is the subject, which a
-    stream must capture. A message over the server's payload limit, or one the stream
-    refuses with a client error, is rejected for good; a lost connection, a timeout or
-    no stream answering (503) is retried.
+    stream must capture. A message over the server's payload limit, one the client
+    cannot send (a subject with whitespace, a bad header name, a header value with a
+    line break) or one the stream refuses with a client error (4xx) is rejected for
+    good; a lost connection, a timeout or no stream answering (503) is retried.
     """
 
     def __init__(self, url: str, *, timeout: float = 10.0) -> None:
@@ -212,12 +322,28 @@ class NatsPublisher:
         self._last_error = exc
         logger.debug("nats error=%s", exc)
 
+    def refusal(self, message: Any) -> str | None:
+        """Why NATS can never accept ``message`` (checked before sending), or ``None``."""
+        return refusal(message, nats_problem, {"Nats-Msg-Id": message.idempotency_key})
+
     def publish_batch(self, messages: Sequence[Any]) -> None:
         """Publish the batch pipelined on one connection; wait for every ack."""
         from nats import errors as nats_errors  # the "outbox" extra
         from nats.js import errors as js_errors  # the "outbox" extra
 
-        self.connect()
+        rejected: dict[str, str] = {}
+        todo = []
+        for message in messages:
+            problem = self.refusal(message)
+            if problem is None:
+                todo.append(message)
+            else:
+                rejected[message.idempotency_key] = problem
+        if todo:
+            try:
+                self.connect()
+            except PublishError as exc:
+                raise PublishError(str(exc), rejected=rejected) from exc
 
         async def one(message: Any) -> Any:
             headers = {**headers_of(message), "Nats-Msg-Id": message.idempotency_key}
@@ -226,30 +352,64 @@ class NatsPublisher:
             )
 
         async def all_of() -> list[Any]:
-            return list(await asyncio.gather(*(one(m) for m in messages), return_exceptions=True))
+            return list(await asyncio.gather(*(one(m) for m in todo), return_exceptions=True))
 
-        results = self._run(all_of())
-        rejected: dict[str, str] = {}
+        results = self._run(all_of()) if todo else []
+        # Refused by the client before sending, or by the stream with a client error.
+        client_refused = (
+            nats_errors.MaxPayloadError,
+            nats_errors.BadSubjectError,
+            nats_errors.BadHeaderError,
+            TypeError,
+            ValueError,
+        )
+        # The connection, the server or no stream: never this message's fault.
+        broker_trouble = (
+            nats_errors.ConnectionClosedError,
+            nats_errors.TimeoutError,
+            nats_errors.NoRespondersError,
+            nats_errors.OutboundBufferLimitError,
+            nats_errors.StaleConnectionError,
+            nats_errors.UnexpectedEOF,
+            nats_errors.ConnectionDrainingError,
+            js_errors.ServiceUnavailableError,
+            js_errors.NoStreamResponseError,
+            asyncio.TimeoutError,
+            OSError,
+        )
+        confirmed: list[str] = []
+        errors: dict[str, str] = {}
         retry: BaseException | None = None
-        for message, result in zip(messages, results, strict=True):
+        for message, result in zip(todo, results, strict=True):
+            ident = message.idempotency_key
             if not isinstance(result, BaseException):
-                continue
-            permanent = isinstance(
-                result, nats_errors.MaxPayloadError | nats_errors.BadSubjectError
-            ) or (
+                confirmed.append(ident)
+            elif isinstance(result, client_refused) or (
                 isinstance(result, js_errors.APIError)
                 and not isinstance(result, js_errors.ServiceUnavailableError)
                 and isinstance(result.code, int)
                 and 400 <= result.code < 500
-            )
-            if permanent:
-                rejected[message.idempotency_key] = _reason(result)
-            elif retry is None:
-                retry = result
+            ):
+                rejected[ident] = _reason(result)
+            elif (
+                isinstance(result, (*broker_trouble, js_errors.APIError))  # 5xx: the server's
+                or not isinstance(result, Exception)
+            ):
+                retry = retry or result
+            else:
+                errors[ident] = f"NATS publish failed: {_reason(result)}"
         if retry is not None:
             if not isinstance(retry, js_errors.NoStreamResponseError):
                 self._disconnect()
-            raise PublishError(f"NATS publish failed: {_reason(retry)}") from retry
+            # Errors seen beside a broken connection may have been the broker's too.
+            raise PublishError(
+                f"NATS publish failed: {_reason(retry)}", confirmed=confirmed, rejected=rejected
+            ) from retry
+        if errors:
+            raise PublishError(
+                f"{len(errors)} message(s) failed", confirmed=confirmed, rejected=rejected,
+                errors=errors,
+            )  # fmt: skip
         if rejected:
             raise MessagesRejected(rejected)
 

@@ -38,6 +38,9 @@ logger = logging.getLogger("django_taskclaim.outbox")
 
 #: Most partitions a relay layout may have.
 MAX_PARTITIONS = 4096
+#: Failures in a row after which a message that fails on its own (the publisher's
+#: ``PublishError.errors``: the broker stayed reachable) is marked ``failed``.
+MESSAGE_ATTEMPTS = 5
 
 
 def rounds(messages: Sequence[Any]) -> list[list[Any]]:
@@ -58,8 +61,10 @@ class Relay:
     """Publishes the committed rows of an outbox model, at least once, in order per key.
 
     Guarantees: every ``ready`` row is eventually published and marked ``done`` (or
-    ``failed`` with the broker's reason when it rejects the message for good) as long as
-    some relay runs and the broker comes back; a key's messages are published in ``id``
+    ``failed`` with the reason when the broker or its client can never accept it, or it
+    failed on its own :data:`MESSAGE_ATTEMPTS` times in a row) as long as some relay
+    runs and the broker comes back; one message's failure never holds back or
+    re-publishes the others of its round; a key's messages are published in ``id``
     order and a later one is never sent before an earlier one was confirmed; a relay
     that lost its partition's lease (or whose claim was taken back) marks nothing
     published. A message may be published more than once (a relay that dies between the
@@ -271,7 +276,9 @@ class Relay:
         live = list(rows)
         for i, batch in enumerate(all_rounds):
             if not self._publish_round(partition, batch, live, confirmed):
-                unsent = [m for r in all_rounds[i:] for m in r]
+                # Give back what is neither confirmed nor dead-lettered (out of ``live``).
+                keep = {id(m) for m in live} - {id(m) for m in confirmed}
+                unsent = [m for r in all_rounds[i:] for m in r if id(m) in keep]
                 break
         lost = complete_many(confirmed) if confirmed else []
         if unsent and lock.held:
@@ -324,41 +331,28 @@ class Relay:
     def _publish_round(
         self, partition: int, batch: list[Any], rows: list[Any], confirmed: list[Any]
     ) -> bool:
-        """Publish one round, retrying with backoff until the broker confirms it;
-        ``False`` when the partition was lost or the relay is stopping (nothing of the
-        round is counted confirmed then)."""
+        """Publish one round until each of its messages is confirmed or dead-lettered,
+        retrying only the unsettled ones, with backoff; ``False`` when the partition was
+        lost or the relay is stopping (the unsettled ones are then given back)."""
         delay = self.backoff
-        while True:
+        pending = list(batch)
+        errors: dict[str, int] = {}
+        while pending:
             lock = self.locks.get(partition)
             if lock is None or not lock.held:
                 return False
             try:
-                self.publisher.publish_batch(batch)
-            except MessagesRejected as exc:
-                for message in batch:
-                    reason = exc.rejected.get(message.idempotency_key)
-                    if reason is None:
-                        confirmed.append(message)
-                        continue
-                    logger.warning(
-                        "relay message rejected model=%s pk=%s reason=%s",
-                        self.model._meta.label,
-                        message.pk,
-                        reason,
-                    )
-                    try:
-                        fail(message, f"rejected by the broker: {reason}")
-                    except ClaimLost:
-                        pass
-                    rows.remove(message)  # settled: no lease to keep alive
-                return True
+                self.publisher.publish_batch(pending)
             except PublishError as exc:
+                pending = self._settle(pending, exc, errors, rows, confirmed)
+                if not pending:
+                    break
                 logger.warning(
                     "relay publish failed model=%s partition=%s messages=%s error=%s; "
                     "retrying in %.2fs",
                     self.model._meta.label,
                     partition,
-                    len(batch),
+                    len(pending),
                     exc,
                     delay,
                 )
@@ -366,8 +360,63 @@ class Relay:
                     return False
                 delay = min(self.backoff_max, delay * 2) * random.uniform(0.8, 1.0)
                 continue
-            confirmed.extend(batch)
-            return self._keep_alive(partition, rows)
+            confirmed.extend(pending)
+            break
+        return self._keep_alive(partition, rows)
+
+    def _settle(
+        self,
+        pending: list[Any],
+        exc: PublishError,
+        errors: dict[str, int],
+        rows: list[Any],
+        confirmed: list[Any],
+    ) -> list[Any]:
+        """Sort a round's messages by what the publisher said of each; the ones to retry.
+
+        Confirmed ones are never sent again; a rejected one is dead-lettered now; one
+        that failed on its own (``exc.errors``) is dead-lettered at its
+        :data:`MESSAGE_ATTEMPTS`-th failure in a row; the rest are retried, uncounted."""
+        done = (
+            {m.idempotency_key for m in pending} - set(exc.rejected)
+            if isinstance(exc, MessagesRejected)
+            else exc.confirmed
+        )
+        retry = []
+        for message in pending:
+            ident = message.idempotency_key
+            if ident in exc.rejected:
+                self._dead_letter(message, f"rejected: {exc.rejected[ident]}", rows)
+            elif ident in done:
+                confirmed.append(message)
+            elif ident in exc.errors:
+                errors[ident] = errors.get(ident, 0) + 1
+                if errors[ident] >= MESSAGE_ATTEMPTS:
+                    self._dead_letter(
+                        message,
+                        f"failed {errors[ident]} times in a row while the broker was "
+                        f"reachable: {exc.errors[ident]}",
+                        rows,
+                    )
+                else:
+                    retry.append(message)
+            else:
+                retry.append(message)
+        return retry
+
+    def _dead_letter(self, message: Any, reason: str, rows: list[Any]) -> None:
+        """Mark ``message`` ``failed`` with ``reason`` (fenced)."""
+        logger.warning(
+            "relay message failed model=%s pk=%s reason=%s",
+            self.model._meta.label,
+            message.pk,
+            reason,
+        )
+        try:
+            fail(message, reason)
+        except ClaimLost:
+            pass
+        rows.remove(message)  # settled: no lease to keep alive
 
     def _give_back(self, rows: Sequence[Any]) -> None:
         """Release rows claimed but not published (fenced; the attempt is not counted)."""

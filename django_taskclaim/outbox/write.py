@@ -10,6 +10,7 @@ from django.apps import apps
 from django.db import router
 
 from ..exceptions import ConfigurationError
+from .limits import message_problem
 from .models import OutboxMessage, key_hash, new_idempotency_key
 
 #: Longest topic, key and idempotency key (the columns' lengths).
@@ -74,13 +75,16 @@ def publish(
     ids. ``payload`` must be JSON-serialisable; ``headers`` is a mapping of strings.
     ``idempotency_key`` (default: a random UUID) is unique in the table and is the
     broker's message id, so a consumer can drop the duplicates at-least-once delivery
-    allows. Bad arguments raise ``ValueError``.
+    allows. Bad arguments raise ``ValueError``, and so does a message one of the
+    model's ``outbox_brokers`` could never accept (a RabbitMQ routing key over 255 bytes
+    of UTF-8, a NATS subject with whitespace, ...): it would never be delivered.
     """
     model = default_outbox_model() if model is None else outbox_model(model)
     _text(topic, "topic", MAX_TOPIC)
     key = topic if key is None else _text(key, "key", MAX_KEY)
     try:
-        json.dumps(payload, allow_nan=False)
+        # The relay sends the payload as UTF-8 JSON: a lone surrogate cannot be encoded.
+        json.dumps(payload, allow_nan=False, ensure_ascii=False).encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise ValueError(f"payload is not JSON-serialisable: {exc}") from None
     heads = dict(headers or {})
@@ -91,6 +95,9 @@ def publish(
         idempotency_key = new_idempotency_key()
     else:
         _text(idempotency_key, "idempotency_key", MAX_IDEMPOTENCY_KEY)
+    problem = message_problem(topic, key, heads, idempotency_key, model.outbox_brokers)
+    if problem is not None:
+        raise ValueError(f"the broker would refuse this message: {problem}")
     message = model(
         topic=topic,
         key=key,
