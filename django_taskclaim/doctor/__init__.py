@@ -8,7 +8,8 @@ pooler in front of it, and the queue's rows. Every check and threshold is listed
 
 - ``TC-D001`` the database answers; ``TC-D002`` / ``TC-D003`` pooler mode; ``TC-D004``
   clock offset; ``TC-D005`` heartbeat against lease; ``TC-D006`` durable commits;
-  ``TC-D007`` notify triggers (:mod:`.database`);
+  ``TC-D007`` notify triggers (:mod:`.database`); ``TC-D008`` the model's table and
+  columns (:mod:`.schema`);
 - ``TC-D010`` – ``TC-D013`` claim and lease indexes, and the plans that read them
   (:mod:`.indexes`);
 - ``TC-D020`` – ``TC-D023`` queue health, ``TC-D030`` finished rows to prune
@@ -26,7 +27,7 @@ from django.db import DEFAULT_DB_ALIAS, router
 from ..exceptions import TaskClaimError
 from ..models import WorkerProcess
 from ..options import claimable_models, get_options, is_claimable
-from . import database, indexes, queues
+from . import database, indexes, queues, schema
 from .context import ModelContext
 from .findings import (
     SEVERITIES,
@@ -127,6 +128,16 @@ def _database(
     for model in models:
         found.append(database.heartbeat(model, alias))
         if connected:
+            shape = guarded(
+                schema.SCHEMA,
+                "tables and columns",
+                alias,
+                model._meta.label,
+                _one(schema.schema, model, alias),
+            )
+            found += shape
+            if any(f.severity == "error" for f in shape):
+                continue  # the checks that read the table would only repeat it
             found += guarded(
                 database.TRIGGER,
                 "notify trigger",

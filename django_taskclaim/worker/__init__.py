@@ -38,6 +38,7 @@ from .exits import (
     EXIT_FORCED,
     EXIT_GRACE_EXPIRED,
     EXIT_OK,
+    EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
 from .process import Worker
@@ -50,6 +51,7 @@ __all__ = [
     "EXIT_FORCED",
     "EXIT_GRACE_EXPIRED",
     "EXIT_OK",
+    "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
     "TaskAborted",
     "Worker",

@@ -8,6 +8,7 @@ EXIT_USAGE = 2
 EXIT_GRACE_EXPIRED = 3
 EXIT_FORCED = 4
 EXIT_BROKEN = 5
+EXIT_UNAVAILABLE = 6
 
 #: What each exit code means.
 EXIT_CODES = {
@@ -17,6 +18,8 @@ EXIT_CODES = {
     EXIT_GRACE_EXPIRED: "stopped with tasks still running after --grace (they were requeued)",
     EXIT_FORCED: "second signal: exited at once; leases recover the held rows",
     EXIT_BROKEN: "executors kept crashing (logged): the worker cannot run tasks; restart it",
+    EXIT_UNAVAILABLE: "--burst: the database kept failing (unreachable, or every claim "
+    "failing) for 30 s; nothing held was lost",
 }
 
 #: Executor crashes tolerated within :data:`CRASH_WINDOW` seconds before the worker

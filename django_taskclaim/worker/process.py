@@ -11,6 +11,18 @@ but unstarted rows at once (attempt not counted) and lets running tasks finish w
 :data:`CANCEL_WAIT` seconds to end, and every row still running is requeued
 (:data:`~.exits.EXIT_GRACE_EXPIRED`); the second signal exits at once
 (:data:`~.exits.EXIT_FORCED`; leases recover the rest).
+
+Start: the worker waits for its database and checks its schema first
+(:mod:`.preflight`): a table or column missing ends it with one line naming
+``migrate`` (:data:`~.exits.EXIT_CONFIG`). A database that fails is retried, reported
+at once and then every :data:`~.preflight.WARN_EVERY` seconds; a ``--burst`` worker
+gives up after :data:`~.preflight.BURST_WAIT` seconds, at start or when every claim
+fails (:data:`~.exits.EXIT_UNAVAILABLE`).
+
+A supervised process (``parent`` given) never outlives its supervisor: when the
+supervisor is gone (``SIGHUP`` from ``PR_SET_PDEATHSIG`` on Linux, and a parent-pid
+check every second everywhere) it stops at once, without a grace period: unstarted rows
+are released and running rows requeued, fenced, as when ``--grace`` runs out.
 """
 
 from __future__ import annotations
@@ -24,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.db.models import Model
 
 from ..db import default_worker_id
@@ -33,12 +45,25 @@ from ..strategies import was_recovered
 from .acks import Acks
 from .claimer import Claimer
 from .config import WorkerConfig
-from .dbconn import wait_for_database
 from .executors import Executors
-from .exits import EXIT_BROKEN, EXIT_FORCED, EXIT_GRACE_EXPIRED, EXIT_OK
+from .exits import (
+    EXIT_BROKEN,
+    EXIT_CONFIG,
+    EXIT_FORCED,
+    EXIT_GRACE_EXPIRED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+)
 from .handback import Handback
 from .heartbeat import Heartbeat
 from .ledger import Ledger
+from .preflight import (
+    BURST_WAIT,
+    DatabaseUnavailableError,
+    Outage,
+    describe_problems,
+    wait_for_database,
+)
 from .reaping import Reaping, reap_before_burst
 from .registry import Registry
 from .scheduler import Scheduler
@@ -50,16 +75,21 @@ logger = logging.getLogger("django_taskclaim.worker")
 #: ``finally`` blocks, their requeue) before the rows still running are requeued.
 CANCEL_WAIT = 2.0
 
+#: The signal a supervised process gets when its supervisor dies (``PR_SET_PDEATHSIG``).
+PARENT_DEATH_SIGNAL = signal.SIGHUP
+
 
 class Worker:
     """Run the tasks of claimable models until stopped (see the module docstring).
 
     ``run()`` blocks and returns an exit code from :data:`~.exits.EXIT_CODES`. Signals
-    are handled only when ``run()`` is called from the main thread.
+    are handled only when ``run()`` is called from the main thread. ``parent`` is the
+    pid of the supervisor this process must not outlive (``None``: not supervised).
     """
 
-    def __init__(self, config: WorkerConfig) -> None:
+    def __init__(self, config: WorkerConfig, *, parent: int | None = None) -> None:
         self.config = config
+        self.parent = parent
         self.using = config.using
         self.worker_id = config.worker_id or default_worker_id()
         self._stopping = threading.Event()  # no new claims, nothing new started
@@ -68,6 +98,8 @@ class Worker:
         self._stop_reason = ""
         self._signals = 0
         self._broken = False
+        self._orphaned = False
+        self._gave_up = False
         self.ledger = Ledger(
             capacity=config.concurrency * config.batch,
             claim_size=max(config.batch, config.concurrency),
@@ -87,12 +119,20 @@ class Worker:
         self.registry = Registry(
             self.worker_id, list(self.scope.labels.values()), config.concurrency, self.ledger
         )
+        # Claim failures reported every WARN_EVERY seconds while they last (the claimer
+        # logs the first one itself); --burst gives up on them after BURST_WAIT.
+        self.claim_outage = Outage(
+            "claim",
+            self.worker_id,
+            give_up_after=BURST_WAIT if config.burst else None,
+            warn_first=False,
+        )
         self.claimer = Claimer(
             config,
             self.ledger,
             self.acks,
             worker_id=self.worker_id,
-            queryset=self.scope.queryset,
+            queryset=self._claim_queryset,
             work_left=self.scope.work_left,
             release=self.handback.release,
             stopping=self._stopping,
@@ -136,6 +176,10 @@ class Worker:
         if in_main:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, self._on_signal)
+            if self.parent is not None:
+                previous[PARENT_DEATH_SIGNAL] = signal.signal(
+                    PARENT_DEATH_SIGNAL, self._on_parent_signal
+                )
         try:
             if announce is not None:
                 announce()
@@ -153,11 +197,40 @@ class Worker:
         return self.scope.leftover()
 
     # -- main loop ------------------------------------------------------------------------
+    def _claim_queryset(self, model: type[Model]) -> Any:
+        """What the claimer claims from: :meth:`queryset`, its claims' database errors
+        counted by :attr:`claim_outage`."""
+        return _WatchedClaims(self.scope.queryset(model), self.claim_outage)
+
+    def _preflight(self) -> int | None:
+        """Wait for the database and check the schema; an exit code if the worker must
+        not start (``EXIT_OK``: stopped while waiting), else ``None``."""
+        try:
+            problems = wait_for_database(
+                self.config.models,
+                self.using,
+                stopping=self._stopping,
+                wake=self._main_wake,
+                worker_id=self.worker_id,
+                burst=self.config.burst,
+            )
+        except DatabaseUnavailableError as exc:
+            logger.error("%s worker=%s", exc, self.worker_id)
+            return EXIT_UNAVAILABLE
+        if problems is None:
+            return EXIT_OK
+        if problems:
+            logger.error("%s worker=%s", describe_problems(problems, self.using), self.worker_id)
+            connections.close_all()
+            return EXIT_CONFIG
+        return None
+
     def _run(self) -> int:
         started = time.monotonic()
         c = self.config
-        if not wait_for_database(self.using, self._stopping, self._main_wake, self.worker_id):
-            return EXIT_OK
+        refused = self._preflight()
+        if refused is not None:
+            return refused
         if self.config.burst and self.config.reap:
             reap_before_burst(self.config.models, using=self.using, worker_id=self.worker_id)
         self.registry.register()
@@ -182,9 +255,19 @@ class Worker:
             if expired and not self._stopping.is_set():
                 logger.info("max runtime reached worker=%s", self.worker_id)
                 self.request_stop("max-runtime")
+            if not self._gave_up and self.claim_outage.exhausted():
+                self._gave_up = True
+                logger.error(
+                    "%s worker=%s", self.claim_outage.give_up_line(self.using), self.worker_id
+                )
+                self.request_stop("database unavailable")
+            self._check_parent()
+            if self._orphaned and grace_deadline is not None:
+                grace_deadline = min(grace_deadline, now)
             if self._stopping.is_set():
                 if grace_deadline is None:
-                    grace_deadline = now + c.grace
+                    grace = 0.0 if self._orphaned else c.grace
+                    grace_deadline = now + grace
                     self.ledger.stop()
                     self.handback.release(self.ledger.take_unstarted())
                     running = len(self.ledger.running())
@@ -194,7 +277,7 @@ class Worker:
                             self.worker_id,
                             self._stop_reason,
                             running,
-                            c.grace,
+                            grace,
                         )
                 elif now >= grace_deadline:
                     code = EXIT_GRACE_EXPIRED
@@ -207,6 +290,8 @@ class Worker:
             self._main_wake.clear()
         if self._broken and code == EXIT_OK:
             code = EXIT_BROKEN
+        if self._gave_up and code == EXIT_OK:
+            code = EXIT_UNAVAILABLE
         self._stopping.set()
         self.ledger.stop()
         self.claimer.wake.set()
@@ -303,3 +388,37 @@ class Worker:
 
     def _on_notify(self, label: str | None) -> None:
         self.claimer.wake.set()
+
+    def _on_parent_signal(self, signum: int, frame: Any) -> None:
+        self._check_parent()
+        self._main_wake.set()
+
+    def _check_parent(self) -> None:
+        """Stop at once, without grace, when the supervisor is gone (our parent changed)."""
+        if self.parent is None or self._orphaned or os.getppid() == self.parent:
+            return
+        self._orphaned = True
+        logger.warning(
+            "supervisor gone (pid %s): stopping now worker=%s, giving back the rows held",
+            self.parent,
+            self.worker_id,
+        )
+        self.request_stop("supervisor gone")
+
+
+class _WatchedClaims:
+    """A queryset whose ``claim()`` reports its database errors and successes to an
+    :class:`~.preflight.Outage` (the claimer retries them as before)."""
+
+    def __init__(self, queryset: Any, outage: Outage) -> None:
+        self.queryset = queryset
+        self.outage = outage
+
+    def claim(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            rows = self.queryset.claim(*args, **kwargs)
+        except DatabaseError as exc:
+            self.outage.failed(exc)
+            raise
+        self.outage.ok()
+        return rows

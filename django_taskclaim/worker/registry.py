@@ -49,6 +49,48 @@ def silent_workers(*, using: str | None = None, exclude: Iterable[str] = ()) -> 
     )
 
 
+def mark_stopped(worker_id: str, pid: int) -> int:
+    """Mark the registry row of ``worker_id`` stopped, if it is still the one process
+    ``pid`` of this host registered, for a caller that *knows* that process is dead (its
+    supervisor saw it exit): a replacement with the same id then registers as such, not
+    as a second live process using the id. Return the rows marked (0 or 1)."""
+    model = worker_model()
+    db = router.db_for_write(model)
+    try:
+        return int(
+            model._default_manager.using(db)
+            .filter(
+                worker_id=worker_id,
+                pid=pid,
+                hostname=socket.gethostname()[:255],
+                stopped_at__isnull=True,
+            )
+            .update(stopped_at=DbNow(), in_flight=0)
+        )
+    except DatabaseError as exc:
+        close(db)
+        logger.warning(
+            "could not mark exited worker stopped worker=%s error=%s", worker_id, one_line(exc)
+        )
+        return 0
+
+
+def _was_this_process_or_dead(hostname: str, pid: int | None) -> bool:
+    """Whether a registry row of this host names this process, or a process that no
+    longer runs here."""
+    if hostname != socket.gethostname()[:255] or pid is None:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists (another user's): not proven gone
+        return False
+    return False
+
+
 class Registry:
     """This process's row in the registry. A missing table (migrations not run) turns
     the registry off with one warning; the worker runs on without it."""
@@ -65,7 +107,10 @@ class Registry:
         return worker_model()._default_manager.using(self.db).filter(worker_id=self.worker_id)
 
     def register(self) -> None:
-        """Create or refresh the row (a worker id seen alive recently is warned about)."""
+        """Create or refresh the row. A worker id that another live process may be using
+        is warned about: a row heard from recently, not stopped, and not left by this
+        process or by a process of this host that no longer runs (a restart under the
+        same id)."""
         _in_flight, processed = self.ledger.counts()
         fields = {
             "hostname": socket.gethostname()[:255],
@@ -78,8 +123,8 @@ class Registry:
         }
         try:
             qs = self._rows()
-            prior = qs.filter(live_worker_q()).exists()
-            if prior:
+            prior = qs.filter(live_worker_q()).values_list("hostname", "pid").first()
+            if prior is not None and not _was_this_process_or_dead(*prior):
                 logger.warning(
                     "worker id %s is registered as alive: another process may use the same "
                     "--worker-id",

@@ -14,11 +14,20 @@ time it reaps a child, whatever the exit, it calls ``on_exit`` (the worker comma
 releases the rows that child still held, fenced on holder, status and token: see
 :func:`supervise`) before it starts a replacement, so a task of a SIGKILLed or
 OOM-killed child runs again within a second or two instead of after its lease — the
-only early recovery the library makes.
+only early recovery the library makes. It also marks that child stopped in the worker
+registry, so that its replacement (same worker id) registers as the same worker, not as
+a second process using its id.
+
+No child outlives the supervisor: each asks the kernel for ``SIGHUP`` when its parent
+dies (``PR_SET_PDEATHSIG``, Linux) and checks its parent's pid every second (everywhere);
+an orphaned child stops at once, giving back the rows it holds (see
+:mod:`.process`). A child that exits with :data:`~.exits.EXIT_UNAVAILABLE` (``--burst``
+gave up on its database) is not restarted either.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -33,13 +42,35 @@ from django.db import connections
 from ..db import default_worker_id
 from ..reaper import release_worker
 from .config import WorkerConfig
-from .exits import EXIT_FORCED, EXIT_OK
-from .process import Worker
+from .exits import EXIT_FORCED, EXIT_OK, EXIT_UNAVAILABLE
+from .process import PARENT_DEATH_SIGNAL, Worker
+from .registry import mark_stopped
 
 logger = logging.getLogger("django_taskclaim.supervisor")
 
 #: A child that dies within this many seconds of its start counts as a fast failure.
 FAST_FAILURE = 5.0
+
+#: Exit codes after which a child is not restarted: it finished, or restarting it
+#: cannot help (``--burst`` gave up on its database).
+FINAL = frozenset({EXIT_OK, EXIT_UNAVAILABLE})
+
+#: ``prctl`` option: the signal this process gets when its parent dies (Linux).
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(signum: int) -> bool:
+    """Ask the kernel to send ``signum`` to this process when its parent dies (Linux
+    ``prctl(PR_SET_PDEATHSIG)``); ``False`` where that is not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return False
+    zero = ctypes.c_ulong(0)
+    return int(prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signum), zero, zero, zero)) == 0
 
 
 def describe_exit(code: int) -> str:
@@ -56,7 +87,8 @@ class Supervisor:
     """Run ``processes`` children, each calling ``target(index)`` and exiting with its result.
 
     ``run()`` returns 0 when every child stopped cleanly, else the highest child exit code
-    seen after the stop began (or :data:`EXIT_FORCED` after a second signal).
+    seen after the stop began or of a child not restarted (:data:`FINAL`), or
+    :data:`EXIT_FORCED` after a second signal.
     """
 
     def __init__(
@@ -71,6 +103,7 @@ class Supervisor:
         self.target = target
         self.on_exit = on_exit
         self.processes = processes
+        self.pid = os.getpid()  # the parent each child watches
         self.children: dict[int, tuple[int, float]] = {}  # pid -> (index, started)
         self.restarts = 0
         self._signals = 0
@@ -86,6 +119,9 @@ class Supervisor:
         if pid == 0:  # child
             code = 1
             try:
+                die_with_parent(PARENT_DEATH_SIGNAL)
+                if os.getppid() != self.pid:  # the supervisor died before that
+                    os._exit(EXIT_OK)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 code = int(self.target(index))
@@ -157,6 +193,15 @@ class Supervisor:
                 if code == EXIT_OK:
                     logger.info("worker process finished index=%s pid=%s", index, pid)
                     continue
+                if code in FINAL:
+                    self._code = max(self._code, code)
+                    logger.warning(
+                        "worker process gave up index=%s pid=%s how=%s (not restarted)",
+                        index,
+                        pid,
+                        describe_exit(code),
+                    )
+                    continue
                 how = describe_exit(code)
                 fast = time.monotonic() - started < FAST_FAILURE
                 self._failures[index] = self._failures.get(index, 0) + 1 if fast else 0
@@ -194,7 +239,8 @@ def supervise(
     Each child the supervisor sees exit (``waitpid``: proof of death) has the rows it
     still held released at once on its own database
     (:func:`~django_taskclaim.reaper.release_worker`, fenced on holder, status and
-    token) before a replacement starts."""
+    token) and its registry row marked stopped before a replacement starts. Each child
+    stops, giving back what it holds, as soon as the supervisor is gone."""
     plans = [configs] if isinstance(configs, WorkerConfig) else list(configs)
     total = processes * len(plans)
 
@@ -206,7 +252,7 @@ def supervise(
         return f"{worker_id}-{index}" if worker_id else None
 
     def child(index: int) -> int:
-        worker = Worker(replace(config_of(index), worker_id=child_id(index)))
+        worker = Worker(replace(config_of(index), worker_id=child_id(index)), parent=sup.pid)
         return worker.run(lambda: announce(worker.describe() + f" process={index + 1}/{total}"))
 
     def exited(index: int, pid: int, code: int) -> None:
@@ -226,7 +272,9 @@ def supervise(
                 result.requeued,
                 result.failed,
             )
+        mark_stopped(worker_id, pid)
 
     databases = ",".join(c.using for c in plans)
-    announce(f"taskclaim supervisor pid={os.getpid()} processes={total} databases={databases}")
-    return Supervisor(child, total, on_exit=exited).run()
+    sup = Supervisor(child, total, on_exit=exited)
+    announce(f"taskclaim supervisor pid={sup.pid} processes={total} databases={databases}")
+    return sup.run()

@@ -14,6 +14,7 @@ from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.management.verbosity import configure_logging
 from django_taskclaim.worker import EXIT_GRACE_EXPIRED, EXIT_OK, Worker
 from django_taskclaim.worker.fleet import plan
+from django_taskclaim.worker.preflight import check_now
 from django_taskclaim.worker.supervisor import supervise
 
 
@@ -22,7 +23,8 @@ class Command(BaseCommand):
         "Run a worker that claims and processes rows of claimable models "
         "(default: every claimable model with a processing entry point). "
         "Exit codes: 0 stopped cleanly, 1 invalid configuration, 2 usage error, "
-        "3 tasks still running after --grace, 4 second signal, 5 executors kept crashing."
+        "3 tasks still running after --grace, 4 second signal, 5 executors kept crashing, "
+        "6 --burst gave up on a database that kept failing."
     )
     # Only django-taskclaim's own checks run at start (see handle()): the whole project's
     # load the migration machinery and every configured database backend, which a
@@ -112,6 +114,11 @@ class Command(BaseCommand):
             )
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from None
+        # The schema checked once here, before any process starts (each worker checks
+        # again once its database answers, which covers a database down just now).
+        problem = check_now(configs)
+        if problem is not None:
+            raise CommandError(problem)
         config = configs[0]
         if supervised or len(configs) > 1:
             code = supervise(configs, config.processes, self._say)

@@ -1,0 +1,274 @@
+"""What a worker checks of its database before it claims anything, and how it reports a
+database that keeps failing.
+
+- :func:`schema_problems`: the tables and columns of the models served and the app's own
+  tables are in the database, asked of its introspection (one query for the table names
+  per database, a few per model table: two on PostgreSQL, four on MariaDB). It runs once
+  at start, never per claim; a mismatch stops the worker with one line naming the fix
+  (``manage.py migrate``).
+- :func:`wait_for_database`: connect and check the schema, retrying a database error
+  with backoff. A worker retries for as long as it takes (the database may be starting);
+  with ``--burst`` it gives up after :data:`BURST_WAIT` seconds
+  (:class:`DatabaseUnavailableError`).
+- :class:`Outage`: a run of database failures, reported at once and then every
+  :data:`WARN_EVERY` seconds while it lasts, and bounded for ``--burst``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.apps import apps
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router
+from django.db.models import Model
+
+from ..exceptions import TaskClaimError
+from .dbconn import backoff, close, one_line
+
+logger = logging.getLogger("django_taskclaim.worker")
+
+#: Seconds between two warnings about the same outage (the first failure warns at once).
+WARN_EVERY = 30.0
+#: Seconds a ``--burst`` worker retries a database that fails (unreachable at start, or
+#: every claim failing) before it exits with
+#: :data:`~django_taskclaim.worker.exits.EXIT_UNAVAILABLE`.
+BURST_WAIT = 30.0
+
+
+class DatabaseUnavailableError(TaskClaimError):
+    """A ``--burst`` worker's database kept failing for :data:`BURST_WAIT` seconds."""
+
+
+def migrate_fix(using: str) -> str:
+    """``run python manage.py migrate`` (with ``--database`` for another alias)."""
+    extra = "" if using == DEFAULT_DB_ALIAS else f" --database {using}"
+    return f"run python manage.py migrate{extra}"
+
+
+def _app_models() -> list[type[Model]]:
+    """The app's own concrete models (registry, lease locks, periodic slots)."""
+    app = apps.get_containing_app_config(__name__)
+    return [] if app is None else [m for m in app.get_models() if m._meta.managed]
+
+
+def schema_problems(
+    models: Iterable[type[Model]], using: str, *, app_tables: bool = True
+) -> list[str]:
+    """What the database ``using`` lacks of ``models`` (each table, each column of their
+    concrete fields, parents' tables included) and, with ``app_tables``, of the app's own
+    tables on the databases they are routed to: one phrase each
+    (``"table app_doc has no column note"``), empty when all is there.
+
+    Cheap: one introspection query for the table names of each database, a few per model
+    table (two on PostgreSQL, four on MariaDB/MySQL, in-process PRAGMAs on SQLite).
+    Raises :class:`~django.db.DatabaseError` when a database cannot be asked.
+    """
+    problems: list[str] = []
+    tables: dict[str, set[str]] = {}
+
+    def present(alias: str) -> set[str]:
+        if alias not in tables:
+            conn = connections[alias]
+            with conn.cursor() as cursor:
+                names = conn.introspection.table_names(cursor, include_views=True)
+            tables[alias] = {name.lower() for name in names}
+        return tables[alias]
+
+    seen: set[str] = set()
+    for model in models:
+        concrete = model._meta.concrete_model or model
+        for part in (concrete, *concrete._meta.get_parent_list()):
+            table = part._meta.db_table
+            if table in seen:
+                continue
+            seen.add(table)
+            if table.lower() not in present(using):
+                problems.append(f"table {table} is missing")
+                continue
+            conn = connections[using]
+            with conn.cursor() as cursor:
+                description = conn.introspection.get_table_description(cursor, table)
+            columns = {column.name.lower() for column in description}
+            missing = [
+                f.column
+                for f in part._meta.local_concrete_fields
+                if f.column and f.column.lower() not in columns
+            ]
+            if missing:
+                plural = "s" if len(missing) > 1 else ""
+                problems.append(f"table {table} has no column{plural} {', '.join(missing)}")
+    if app_tables:
+        for model in _app_models():
+            alias = router.db_for_write(model)
+            if not router.allow_migrate_model(alias, model):
+                continue
+            table = model._meta.db_table
+            if table.lower() not in present(alias):
+                where = "" if alias == using else f" on database {alias!r}"
+                problems.append(f"table {table} is missing{where}")
+    return problems
+
+
+def describe_problems(problems: list[str], using: str) -> str:
+    """One line for the problems :func:`schema_problems` found, naming the fix."""
+    return (
+        f"the schema of database {using!r} does not match the models: "
+        f"{'; '.join(problems)}: {migrate_fix(using)}"
+    )
+
+
+class Outage:
+    """A run of failures of one kind of database work (``what``), for one worker.
+
+    :meth:`failed` logs a warning at the first failure and then one every
+    :data:`WARN_EVERY` seconds while failures go on (the ones between at debug level);
+    :meth:`ok` ends the run (logged when one was under way). Thread-safe.
+    ``give_up_after`` (seconds) makes :meth:`exhausted` true once the run has lasted
+    that long. ``warn_first=False`` leaves the first warning to the caller's own log.
+    """
+
+    def __init__(
+        self,
+        what: str,
+        worker_id: str,
+        *,
+        give_up_after: float | None = None,
+        warn_first: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.what = what
+        self.worker_id = worker_id
+        self.give_up_after = give_up_after
+        self.warn_first = warn_first
+        self.clock = clock
+        self.failures = 0
+        self.last_error = ""
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self._warned: float | None = None
+
+    def failed(self, exc: BaseException) -> None:
+        """One more failure (``exc``): warn if it is the first or the last warning is
+        :data:`WARN_EVERY` seconds old."""
+        now = self.clock()
+        with self._lock:
+            self.failures += 1
+            self.last_error = one_line(exc)
+            if self._since is None:
+                self._since = now
+            first = self._warned is None
+            due = first or now - (self._warned or now) >= WARN_EVERY
+            if due:
+                self._warned = now
+            lasted = now - self._since
+        if due and (self.warn_first or not first):
+            logger.warning(
+                "database still failing: %s worker=%s for=%.0fs failures=%s error=%s (retrying)"
+                if not first
+                else "database error: %s worker=%s for=%.0fs failures=%s error=%s (retrying)",
+                self.what,
+                self.worker_id,
+                lasted,
+                self.failures,
+                self.last_error,
+            )
+        else:
+            logger.debug(
+                "database error: %s worker=%s failures=%s error=%s",
+                self.what,
+                self.worker_id,
+                self.failures,
+                self.last_error,
+            )
+
+    def ok(self) -> None:
+        """The work succeeded: the outage, if any, is over."""
+        with self._lock:
+            since, self._since, self._warned = self._since, None, None
+            failures, self.failures = self.failures, 0
+        if since is not None and self.warn_first:
+            logger.info(
+                "database reachable again: %s worker=%s after=%.0fs failures=%s",
+                self.what,
+                self.worker_id,
+                self.clock() - since,
+                failures,
+            )
+
+    def lasted(self) -> float:
+        """Seconds since the first failure of the current run (0 when none)."""
+        with self._lock:
+            return 0.0 if self._since is None else self.clock() - self._since
+
+    def exhausted(self) -> bool:
+        """Whether the run has lasted ``give_up_after`` seconds."""
+        return (
+            self.give_up_after is not None
+            and self.failures > 0
+            and (self.lasted() >= self.give_up_after)
+        )
+
+    def give_up_line(self, using: str) -> str:
+        """The one line of a worker that gives up on its database."""
+        return (
+            f"database {using!r} failing for {self.give_up_after or 0:g}s ({self.what}: "
+            f"{self.last_error}), giving up (--burst): check DATABASES[{using!r}] and that "
+            "the server accepts connections"
+        )
+
+
+def wait_for_database(
+    models: Iterable[type[Model]],
+    using: str,
+    *,
+    stopping: threading.Event,
+    wake: threading.Event,
+    worker_id: str,
+    burst: bool,
+) -> list[str] | None:
+    """Connect to ``using`` and return :func:`schema_problems` (empty: the worker may
+    start), retrying a database error with backoff (reported by an :class:`Outage`);
+    ``None`` if ``stopping`` is set meanwhile (``wake`` cuts a backoff short). With
+    ``burst``, raise :class:`DatabaseUnavailableError` once the failures have lasted
+    :data:`BURST_WAIT` seconds."""
+    models = list(models)
+    outage = Outage(f"connect to {using!r}", worker_id, give_up_after=BURST_WAIT if burst else None)
+    while not stopping.is_set():
+        try:
+            connections[using].ensure_connection()
+            problems = schema_problems(models, using)
+        except DatabaseError as exc:
+            close(using)
+            outage.failed(exc)
+            if outage.exhausted():
+                raise DatabaseUnavailableError(outage.give_up_line(using)) from None
+            delay = backoff(outage.failures)
+            if outage.give_up_after is not None:
+                delay = max(0.0, min(delay, outage.give_up_after - outage.lasted()))
+            wake.wait(delay)
+            wake.clear()
+            continue
+        outage.ok()
+        return problems
+    return None
+
+
+def check_now(plans: Iterable[Any]) -> str | None:
+    """Before a command starts any worker: the one line describing what the database of
+    one of ``plans`` (:class:`~.config.WorkerConfig`) lacks, or ``None``. A database that
+    cannot be reached now is left to the workers, which wait for it."""
+    try:
+        for plan in plans:
+            try:
+                problems = schema_problems(plan.models, plan.using)
+            except DatabaseError:
+                continue
+            if problems:
+                return describe_problems(problems, plan.using)
+        return None
+    finally:
+        connections.close_all()
