@@ -107,6 +107,9 @@ def missing_database() -> str:
     return "taskclaim_no_such_database"
 
 
+@pytest.mark.skipif(
+    settings.DB_VENDOR != "sqlite", reason="on a server, a missing database is named at once"
+)
 def test_a_burst_on_a_database_that_does_not_exist_gives_up_within_its_bound(transactional_db):
     started = time.monotonic()
     done = run_command(
@@ -124,6 +127,26 @@ def test_a_burst_on_a_database_that_does_not_exist_gives_up_within_its_bound(tra
     assert len(gave_up) == 1, done.stderr[-3000:]
     assert f"{BURST_WAIT:g}s" in gave_up[0]
     assert "DATABASES['default']" in gave_up[0]
+
+
+@pytest.mark.skipif(settings.DB_VENDOR == "sqlite", reason="SQLite creates a missing file")
+@pytest.mark.parametrize("args", [("--burst",), (), ("--processes", "2")])
+def test_a_database_that_does_not_exist_stops_the_worker_with_one_line(transactional_db, args):
+    """No wait helps a database the server does not have: with or without --burst, the
+    worker exits 1 at once, naming it and the fix."""
+    done = run_command(
+        "taskclaim_worker",
+        MODEL,
+        *args,
+        timeout=60,
+        env={"TASKCLAIM_TEST_DB_NAME": missing_database()},
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    lines = [line for line in done.stderr.splitlines() if "does not exist on its server" in line]
+    assert lines, done.stderr[-3000:]
+    assert "taskclaim_no_such_database" in lines[0]
+    assert "migrate" in lines[0]
 
 
 def test_a_burst_whose_claims_keep_failing_gives_up_after_its_bound(transactional_db):

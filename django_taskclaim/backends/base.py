@@ -141,6 +141,11 @@ class DatabaseSQL:
         session's lock timeout, as :meth:`set_lock_timeout` sets it)."""
         return False
 
+    def is_unknown_database(self, error: BaseException) -> bool:
+        """Whether connecting failed because the database named in the settings does
+        not exist on the server (waiting will not make it appear)."""
+        return False
+
     def is_unique_violation(
         self, error: BaseException, *, table: str, constraint: str, columns: Sequence[str]
     ) -> bool:

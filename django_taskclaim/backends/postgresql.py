@@ -78,6 +78,16 @@ class PostgreSQL(DatabaseSQL):
         """``lock_not_available`` (:data:`LOCK_NOT_AVAILABLE`)."""
         return sqlstate(error) == LOCK_NOT_AVAILABLE
 
+    def is_unknown_database(self, error: BaseException) -> bool:
+        """``invalid_catalog_name`` (3D000). A refused connection carries no SQLSTATE in
+        psycopg, so the server's message is read too (``FATAL: database "x" does not
+        exist``; the word ``database`` and the quoted name survive ``lc_messages``
+        only in English, where the SQLSTATE is missing)."""
+        if sqlstate(error) == "3D000":
+            return True
+        text = str(error)
+        return 'database "' in text and "does not exist" in text
+
     def is_unique_violation(
         self, error: BaseException, *, table: str, constraint: str, columns: Sequence[str]
     ) -> bool:

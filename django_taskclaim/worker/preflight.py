@@ -26,6 +26,7 @@ from django.apps import apps
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router
 from django.db.models import Model
 
+from ..backends import for_alias
 from ..exceptions import TaskClaimError
 from .dbconn import backoff, close, one_line
 
@@ -41,6 +42,19 @@ BURST_WAIT = 30.0
 
 class DatabaseUnavailableError(TaskClaimError):
     """A ``--burst`` worker's database kept failing for :data:`BURST_WAIT` seconds."""
+
+
+class DatabaseMissingError(TaskClaimError):
+    """The database named in the settings does not exist on its server: no wait helps."""
+
+
+def missing_database_line(using: str) -> str:
+    """One line naming the database that does not exist, and the fix."""
+    name = connections[using].settings_dict.get("NAME")
+    return (
+        f"database {name!r} (DATABASES[{using!r}]) does not exist on its server: create it, "
+        f"or fix DATABASES[{using!r}]['NAME'], then run python manage.py migrate"
+    )
 
 
 def migrate_fix(using: str) -> str:
@@ -243,6 +257,8 @@ def wait_for_database(
             problems = schema_problems(models, using)
         except DatabaseError as exc:
             close(using)
+            if for_alias(using).is_unknown_database(exc):
+                raise DatabaseMissingError(missing_database_line(using)) from None
             outage.failed(exc)
             if outage.exhausted():
                 raise DatabaseUnavailableError(outage.give_up_line(using)) from None
@@ -260,12 +276,15 @@ def wait_for_database(
 def check_now(plans: Iterable[Any]) -> str | None:
     """Before a command starts any worker: the one line describing what the database of
     one of ``plans`` (:class:`~.config.WorkerConfig`) lacks, or ``None``. A database that
-    cannot be reached now is left to the workers, which wait for it."""
+    does not exist is named; one that cannot be reached now is left to the workers, which
+    wait for it."""
     try:
         for plan in plans:
             try:
                 problems = schema_problems(plan.models, plan.using)
-            except DatabaseError:
+            except DatabaseError as exc:
+                if for_alias(plan.using).is_unknown_database(exc):
+                    return missing_database_line(plan.using)
                 continue
             if problems:
                 return describe_problems(problems, plan.using)

@@ -59,6 +59,7 @@ from .heartbeat import Heartbeat
 from .ledger import Ledger
 from .preflight import (
     BURST_WAIT,
+    DatabaseMissingError,
     DatabaseUnavailableError,
     Outage,
     describe_problems,
@@ -217,6 +218,9 @@ class Worker:
         except DatabaseUnavailableError as exc:
             logger.error("%s worker=%s", exc, self.worker_id)
             return EXIT_UNAVAILABLE
+        except DatabaseMissingError as exc:
+            logger.error("%s worker=%s", exc, self.worker_id)
+            return EXIT_CONFIG
         if problems is None:
             return EXIT_OK
         if problems:
