@@ -65,6 +65,16 @@ def add(a: int, b: int = 0) -> int:
     return a + b
 
 
+@task(max_attempts=1)
+def returns(what: str) -> str:
+    """A value no database stores (a lone surrogate, a NUL character) or a good one;
+    counts its runs in the ledger of the test app."""
+    from tests.testapp.models import Ledger
+
+    Ledger.objects.create(task_id=0, token=0, worker=f"ran:{what}")
+    return {"surrogate": "x\ud800y", "nul": "a\x00b"}.get(what, what)
+
+
 # -- helpers ---------------------------------------------------------------------------------
 READ_RESULTS = """
 import json, sys
@@ -181,6 +191,31 @@ def test_result_ids_are_time_ordered_uuids():
     first, second = add.enqueue(1), add.enqueue(2)
     assert uuid.UUID(first.id).version == 7
     assert uuid.UUID(first.id).int >> 80 <= uuid.UUID(second.id).int >> 80
+
+
+# -- a return value no database stores --------------------------------------------------------
+@pytest.mark.parametrize("poison", ["surrogate", "nul"])
+def test_an_unstorable_return_value_fails_its_task_alone(poison):
+    """Five good tasks and one returning a value the database refuses, in one batch with
+    a 1 s ack window: the poison fails once with a clear error, the five succeed, each
+    body runs exactly once, the worker exits normally."""
+    from django.db import connection
+
+    from tests.testapp.models import Ledger
+
+    if poison == "nul" and connection.vendor != "postgresql":
+        pytest.skip("only PostgreSQL refuses NUL characters in JSON text")
+    good = [returns.enqueue(f"good{i}").id for i in range(5)]
+    bad = returns.enqueue(poison).id
+    proc = run_burst("--batch", "10", "--ack-window", "1")
+    assert "claimer crashed" not in proc.stderr
+    seen = results_from_another_process(*good, bad)
+    for rid in good:
+        assert seen[rid]["status"] == "SUCCESSFUL", seen[rid]
+    assert seen[bad]["status"] == "FAILED", seen[bad]
+    assert "could not be stored" in QueuedTask.objects.get(pk=bad).last_error
+    runs = list(Ledger.objects.filter(worker__startswith="ran:").values_list("worker", flat=True))
+    assert sorted(runs) == sorted([f"ran:good{i}" for i in range(5)] + [f"ran:{poison}"])
 
 
 # -- poison values at enqueue -------------------------------------------------------------------
