@@ -121,6 +121,10 @@ class DatabaseSQL:
     #: Whether ``TASKCLAIM_POOLER_MODE`` describes a pooler in front of this database
     #: (pgBouncer in front of PostgreSQL): session state may then not survive a transaction.
     pooler_mode_applies: ClassVar[bool] = False
+    #: Whether two inserts of one unique key inside transactions can deadlock on the
+    #: duplicate check (InnoDB): :mod:`django_taskclaim.unique` then never lets an insert
+    #: wait there.
+    duplicate_checks_deadlock: ClassVar[bool] = False
 
     def __init__(self, vendor: str | None = None) -> None:
         if vendor is not None:

@@ -85,6 +85,11 @@ class MySQL(DatabaseSQL):
         args: tuple[Any, ...] = getattr(error, "args", ())
         return bool(args) and args[0] in TRANSIENT_ERRORS
 
+    def is_unknown_database(self, error: BaseException) -> bool:
+        """``ER_BAD_DB_ERROR`` (1049): ``Unknown database 'x'``."""
+        args: tuple[Any, ...] = getattr(error, "args", ())
+        return bool(args) and args[0] == 1049
+
     def is_unique_violation(
         self, error: BaseException, *, table: str, constraint: str, columns: Sequence[str]
     ) -> bool:
@@ -131,13 +136,29 @@ class MySQL(DatabaseSQL):
             f"AND {t.acquired_at} = @taskclaim_lease_now AND {t.until} > {self.lease_now}"
         )
 
+    def lease_stamp_busy_sql(self, t: LeaseTable) -> str:
+        """Read the clock once into ``@taskclaim_lease_now`` (as :meth:`lease_stamp_sql`)
+        and, in the same statement, whether a lease of ``key`` is running, read without
+        locking the row (a consistent read). Parameters: key."""
+        return (
+            f"SELECT @taskclaim_lease_now := {self.lease_now}, EXISTS(SELECT 1 FROM "
+            f"{t.table} WHERE {t.key} = %s AND {t.until} > {self.lease_now})"
+        )
+
     def lease_acquire(
         self, cursor: Any, t: LeaseTable, key: str, owner: str, ttl: float
     ) -> int | None:
         """See :meth:`DatabaseSQL.lease_acquire`. No ``RETURNING`` here: stamp, upsert, then
-        read back (:meth:`lease_stamp_sql`, :meth:`lease_acquire_sql`,
-        :meth:`lease_readback_sql`)."""
-        cursor.execute(self.lease_stamp_sql())
+        read back (:meth:`lease_stamp_busy_sql`, :meth:`lease_acquire_sql`,
+        :meth:`lease_readback_sql`).
+
+        A lease the stamp sees running (a non-locking read) answers "busy" without the
+        upsert: InnoDB's upsert locks the row even when it changes nothing, so contenders
+        polling a held lease would queue the holder's renewals behind them (and deadlock
+        with them: shared, then exclusive locks on the duplicate key)."""
+        cursor.execute(self.lease_stamp_busy_sql(t), (key,))
+        if cursor.fetchall()[0][1]:
+            return None
         cursor.execute(self.lease_acquire_sql(t), (key, owner, round(ttl * 1_000_000)))
         cursor.execute(self.lease_readback_sql(t), (key, owner))
         rows = cursor.fetchall()
@@ -161,6 +182,25 @@ class MySQL(DatabaseSQL):
             return False
         cursor.execute(self.lease_verify_sql(t), (key, owner, token))
         return bool(cursor.fetchall())
+
+    #: InnoDB checks a duplicate key by share-locking the equal index records (and their
+    #: gaps): two inserts that wait on each other there deadlock, and the victim's whole
+    #: transaction is rolled back. Unique inserts inside a transaction therefore never
+    #: wait here (see :mod:`django_taskclaim.unique`).
+    duplicate_checks_deadlock: ClassVar[bool] = True
+
+    def get_lock_timeout(self) -> Statement:
+        """``@@SESSION.innodb_lock_wait_timeout`` (whole seconds)."""
+        return Statement("SELECT @@SESSION.innodb_lock_wait_timeout")
+
+    def set_lock_timeout(self, value: str) -> Statement:
+        """``SET SESSION innodb_lock_wait_timeout``: whole seconds, rounded down (``"<n>ms"``
+        below 1000 is 0: no wait on MariaDB; MySQL 8 waits at least 1 s). There is no
+        transaction-local form: it lasts for the session, so a caller that shares the
+        session restores the value :meth:`get_lock_timeout` read. Row-lock waits only
+        (``GET_LOCK`` has its own timeout)."""
+        seconds = int(value[:-2]) // 1000 if value.endswith("ms") else int(value)
+        return Statement("SET SESSION innodb_lock_wait_timeout = %s", (seconds,))
 
     # lease_verify / lease_release: the base class's statements. Django connects to MySQL
     # with CLIENT_FOUND_ROWS, so the release's rowcount counts matched rows here too.

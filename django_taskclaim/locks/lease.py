@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import threading
 import time
 import uuid
@@ -14,12 +15,12 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
-from django.db import DatabaseError, connections, router
+from django.db import DatabaseError, connections, router, transaction
 
 from .. import bounds
-from ..backends import DatabaseSQL, LeaseTable, for_connection
+from ..backends import DatabaseSQL, LeaseTable, Statement, for_connection
 from ..conf import taskclaim_settings
-from ..db import default_worker_id, in_user_atomic, retry_transient
+from ..db import default_worker_id, in_user_atomic, is_lock_timeout, is_transient, retry_transient
 from ..exceptions import LockLost, LockNotAcquired, LockUsageError
 from .keys import validate_lease_key
 from .renewer import Renewer
@@ -32,6 +33,12 @@ logger = logging.getLogger("django_taskclaim.locks")
 MIN_TTL, MAX_TTL = bounds.LOCK_TTL.low, bounds.LOCK_TTL.high
 #: Shortest auto-renewal interval (anything shorter is a busy loop on the database).
 MIN_RENEW_EVERY = 0.01
+#: Fewest renewal attempts per ttl (``auto_renew=True`` makes four): one that does not land
+#: is tried again before the lease can end.
+RENEWALS_PER_TTL = 3
+#: Longest pause before a renewal that did not land (a lock wait timed out, the row was
+#: busy, the connection failed) is tried again.
+RENEW_RETRY_PAUSE = 0.05
 
 
 def validate_ttl(ttl: Any) -> float:
@@ -69,6 +76,17 @@ def _lease_statement[T](using: str, step: Callable[[DatabaseSQL, Any, LeaseTable
     return retry_transient(go, using, what="lease lock")
 
 
+def _lock_wait(sql: DatabaseSQL, seconds: float) -> Statement | None:
+    """The vendor's statement bounding a statement's row-lock wait to ``seconds`` until the
+    end of the transaction (PostgreSQL ``lock_timeout``; MySQL / MariaDB
+    ``innodb_lock_wait_timeout``, whole seconds, for the session), or ``None`` where a
+    vendor has none (SQLite: one writer at a time, bounded by its busy timeout)."""
+    try:
+        return sql.set_lock_timeout(f"{max(1, int(seconds * 1000))}ms")
+    except NotImplementedError:
+        return None
+
+
 class LeaseLock:
     """A named lock held until a time on the database clock, fenced by a token.
 
@@ -90,10 +108,13 @@ class LeaseLock:
     held elsewhere, releases on exit and raises :class:`LockLost` on exit if the lease
     was lost (or its deadline passed) before the block ended; an exception from the
     block is never replaced. Not re-entrant: entering a held lock again raises
-    :class:`LockUsageError`. ``auto_renew=True`` (or an interval in seconds) renews it
-    from a background thread on its own database connection every ``ttl / 3`` seconds
-    (or that interval) while the block runs; that is refused inside the caller's
-    ``atomic()`` block (the renewer's connection could not see the uncommitted lease).
+    :class:`LockUsageError`. ``auto_renew=True`` (or an interval in seconds, at most
+    ``ttl / 3``) renews it from a background thread on its own database connection every
+    ``ttl / 4`` seconds (or that interval) while the block runs, each renewal's row-lock
+    wait bounded below the time left; if none lands before the local deadline the lease
+    is marked lost then (:attr:`lost`, :attr:`cancel_flag`, :meth:`check`). That is
+    refused inside the caller's ``atomic()`` block (the renewer's connection could not
+    see the uncommitted lease).
 
     ``owner`` identifies the holder (default ``host:pid:<random>``, unique per
     object); it must not be shared by two holders. One object is for one thread.
@@ -119,21 +140,24 @@ class LeaseLock:
             raise LockUsageError("owner must be a non-empty string of at most 255 characters")
         self.owner = owner
         self.using = using or router.db_for_write(Lease)
+        longest = self.ttl / RENEWALS_PER_TTL
         if isinstance(auto_renew, bool):
-            self.renew_every: float | None = self.ttl / 3 if auto_renew else None
+            self.renew_every: float | None = self.ttl / 4 if auto_renew else None
         elif (
             isinstance(auto_renew, int | float)
             and math.isfinite(auto_renew)
-            and MIN_RENEW_EVERY <= auto_renew < self.ttl
+            and MIN_RENEW_EVERY <= auto_renew <= longest
         ):
             self.renew_every = float(auto_renew)
         else:
             raise LockUsageError(
                 f"auto_renew is True/False or an interval from {MIN_RENEW_EVERY:g} s to "
-                f"below ttl={self.ttl:g} s, got {auto_renew!r}"
+                f"ttl/{RENEWALS_PER_TTL} = {longest:g} s, well below ttl={self.ttl:g} s "
+                f"(a renewal that does not land must be retried in time), got {auto_renew!r}"
             )
         self._lease = LeaseState()
         self._guard = threading.Lock()  # serialises the read-modify-replace of _lease
+        self._lost_flag = threading.Event()  # this acquisition's; set once it is lost
         self._renewer: Renewer | None = None
 
     def __repr__(self) -> str:
@@ -152,13 +176,34 @@ class LeaseLock:
     @property
     def held(self) -> bool:
         """Whether this object holds the lease: taken, not found lost, and its local
-        deadline (see the class docstring) not passed."""
-        return self._lease.held(time.monotonic())
+        deadline (see the class docstring) not passed. Once ``False`` for a lost lease it
+        stays ``False`` for this acquisition."""
+        lease = self._lease
+        if lease.held(time.monotonic()):
+            return True
+        if lease.token is not None and not lease.lost:
+            self._mark_lost("its deadline passed before a renewal landed", token=lease.token)
+        return False
 
     @property
     def lost(self) -> bool:
-        """Whether the lease was found taken over, or its local deadline passed."""
-        return self._lease.over(time.monotonic())
+        """Whether the lease was found taken over, or its local deadline passed. Sticky:
+        once ``True`` it stays ``True`` for this acquisition, even if a renewal that was
+        in flight returns afterwards."""
+        lease = self._lease
+        if not lease.over(time.monotonic()):
+            return False
+        if not lease.lost:
+            self._mark_lost("its deadline passed before a renewal landed", token=lease.token)
+        return True
+
+    @property
+    def cancel_flag(self) -> threading.Event:
+        """This acquisition's cancel flag: set as soon as the lease is known lost (taken
+        over, or no renewal landed before the local deadline), by the renewer when there
+        is one, before anyone else can take the lease. A long body may
+        ``cancel_flag.wait(…)`` or test ``cancel_flag.is_set()`` between steps."""
+        return self._lost_flag
 
     @property
     def seconds_left(self) -> float:
@@ -177,15 +222,15 @@ class LeaseLock:
         Already held by this object: renews instead. On success :attr:`token` is the
         new fencing token (one more than the previous holder's).
         """
-        if self._lease.token is not None and not self._lease.lost:
+        if self._lease.token is not None and not self.lost:
             return self.renew()
         sent = time.monotonic()
-        token = _lease_statement(
-            self.using,
+        token = self._statement(
             lambda sql, cursor, t: sql.lease_acquire(cursor, t, self.key, self.owner, self.ttl),
         )
         with self._guard:
             self._lease = LeaseState(token=token, deadline=self._good_until(sent))
+            self._lost_flag = threading.Event()
         if token is None:
             logger.debug("lease busy key=%s owner=%s", self.key, self.owner)
             return False
@@ -209,32 +254,59 @@ class LeaseLock:
         """Extend the lease to ``now() + ttl``; ``False`` (and :attr:`lost`) if it was lost.
 
         Fenced on (key, owner, token): after a takeover it changes nothing. A lease whose
-        local deadline already passed is not renewed (someone may hold it already).
+        local deadline already passed is not renewed (someone may hold it already), and
+        a renewal that returns after the deadline does not revive it: lost stays lost.
         """
+        return self._renew(lock_wait=None)
+
+    def _renew(self, *, lock_wait: float | None) -> bool:
+        """:meth:`renew`; with ``lock_wait`` its statement waits on the row's lock for
+        at most that many seconds (then raises the vendor's lock timeout error)."""
         lease = self._lease
         token = lease.token
         if token is None or lease.lost:
             return False
-        if time.monotonic() >= lease.deadline:
-            self._mark_lost("its deadline passed before it was renewed")
+        if not self.held:
             return False
         sent = time.monotonic()
-        ok = _lease_statement(
-            self.using,
-            lambda sql, cursor, t: sql.lease_renew(
-                cursor, t, self.key, self.owner, token, self.ttl
-            ),
-        )
+
+        def step(sql: DatabaseSQL, cursor: Any, t: LeaseTable) -> bool:
+            return sql.lease_renew(cursor, t, self.key, self.owner, token, self.ttl)
+
+        ok = self._statement(step) if lock_wait is None else self._bounded(step, lock_wait)
         if not ok:
-            self._mark_lost("taken over: the renewal matched nothing")
-        else:
-            with self._guard:
-                if self._lease.token == token and not self._lease.lost:
-                    self._lease = replace(self._lease, deadline=self._good_until(sent))
-            if time.monotonic() >= self._lease.deadline:
-                self._mark_lost("its renewal took longer than the lease")
-                return False
-        return ok
+            self._mark_lost("taken over: the renewal matched nothing", token=token)
+            return False
+        with self._guard:
+            current = self._lease
+            if current.token != token:
+                return False  # released (or taken anew) meanwhile
+            landed = not current.lost and time.monotonic() < current.deadline
+            if landed:
+                self._lease = replace(current, deadline=self._good_until(sent))
+        if not landed:
+            self._mark_lost("its renewal returned after its deadline", token=token)
+            return False
+        logger.debug("lease renewed key=%s owner=%s token=%s", self.key, self.owner, token)
+        return True
+
+    def _statement[T](self, step: Callable[[DatabaseSQL, Any, LeaseTable], T]) -> T:
+        """Run one lease ``step`` on this lock's database (see :func:`_lease_statement`)."""
+        return _lease_statement(self.using, step)
+
+    def _bounded[T](self, step: Callable[[DatabaseSQL, Any, LeaseTable], T], wait: float) -> T:
+        """Run ``step`` once, its row-lock waits bounded to ``wait`` seconds (in a short
+        transaction of its own where the vendor's bound needs one)."""
+        conn = connections[self.using]
+        sql = for_connection(conn)
+        table = LeaseTable.of(conn)
+        bound = _lock_wait(sql, wait)
+        if bound is None:
+            with conn.cursor() as cursor:
+                return step(sql, cursor, table)
+        with transaction.atomic(using=self.using), conn.cursor() as cursor:
+            cursor.execute(*bound)
+            return step(sql, cursor, table)
 
     def release(self) -> bool:
         """Give the lease up now; ``True`` if it was still ours, ``False`` if it was lost.
@@ -254,8 +326,7 @@ class LeaseLock:
         if expired:
             return False
         try:
-            ok = _lease_statement(
-                self.using,
+            ok = self._statement(
                 lambda sql, cursor, t: sql.lease_release(cursor, t, self.key, self.owner, token),
             )
         except DatabaseError as exc:
@@ -287,12 +358,11 @@ class LeaseLock:
             token is not None
             and not self.lost
             and self._renewer is None
-            and not _lease_statement(
-                self.using,
+            and not self._statement(
                 lambda sql, cursor, t: sql.lease_verify(cursor, t, self.key, self.owner, token),
             )
         ):
-            self._mark_lost("taken over or broken (checked against the database)")
+            self._mark_lost("taken over or broken (checked against the database)", token=token)
         if self.token is None:
             raise LockLost(f"lease {self.key!r} is not held (never taken, or released)")
         if not self.held:
@@ -302,9 +372,16 @@ class LeaseLock:
             )
 
     def _mark_lost(self, why: str, *, token: int | None = None) -> None:
+        """Mark the acquisition of ``token`` (default: the current one) lost, for good, and
+        set its cancel flag; nothing when a newer acquisition replaced it meanwhile."""
         with self._guard:
-            already = self._lease.lost
-            self._lease = replace(self._lease, lost=True)
+            current = self._lease
+            if token is not None and current.token not in (None, token):
+                return
+            already = current.lost
+            self._lease = replace(current, lost=True)
+            flag = self._lost_flag
+        flag.set()
         if not already:
             logger.warning(
                 "lease lost key=%s owner=%s token=%s: %s",
@@ -316,7 +393,7 @@ class LeaseLock:
 
     def _start_renewer(self) -> None:
         if self.renew_every is not None and self._renewer is None:
-            self._renewer = Renewer(self, self.renew_every)
+            self._renewer = ScheduledRenewer(self, self.renew_every)
             self._renewer.start()
 
     def _stop_renewer(self) -> None:
@@ -359,3 +436,74 @@ class LeaseLock:
 
 #: Alias of :class:`LeaseLock`.
 lease_lock = LeaseLock
+
+
+class ScheduledRenewer(Renewer):
+    """The ``auto_renew`` thread: renewals on a fixed cadence counted from the sends
+    (every ``interval`` ≤ ttl / 3, so at least three attempts per ttl), each one's row-lock
+    wait bounded below the time left (it never queues behind contenders until the lease
+    ends), one that did not land tried again within :data:`RENEW_RETRY_PAUSE`; and a
+    watchdog that marks the lease lost (``lost``, the cancel flag, ``check()``) the moment
+    its local deadline passes without a renewal, even while a statement hangs."""
+
+    def __init__(self, lock: LeaseLock, interval: float) -> None:
+        super().__init__(lock, interval)
+        self._watchdog = threading.Thread(
+            target=self._watch, name=f"taskclaim-lease-watch-{lock.key}", daemon=True
+        )
+
+    def stop(self, timeout: float = 5.0) -> None:
+        super().stop(timeout)
+        if self._watchdog.is_alive() and self._watchdog is not threading.current_thread():
+            self._watchdog.join(timeout)
+
+    def _watch(self) -> None:
+        lock = self.lock
+        while True:
+            state = lock.state
+            if state.token is None or state.lost:
+                return
+            left = state.deadline - time.monotonic()
+            if left <= 0:
+                lock._mark_lost("no renewal landed before its deadline", token=state.token)
+                return
+            if self._stop_event.wait(left):
+                return
+
+    def run(self) -> None:
+        lock = self.lock
+        conn = connections[lock.using]
+        self._watchdog.start()
+        try:
+            try:  # connect now: the first renewal must not pay for it
+                conn.ensure_connection()
+            except DatabaseError:
+                conn.close()
+            state = lock.state
+            sent = state.deadline - lock.ttl + safety_margin(lock.ttl)
+            next_at = sent + self.interval
+            while not self._stop_event.wait(max(0.0, next_at - time.monotonic())):
+                if not lock.held:
+                    return
+                started = time.monotonic()
+                try:
+                    ok = lock._renew(lock_wait=min(self.interval, lock.seconds_left / 2))
+                except DatabaseError as exc:
+                    busy = is_lock_timeout(exc, lock.using) or is_transient(exc, lock.using)
+                    logger.log(
+                        logging.DEBUG if busy else logging.WARNING,
+                        "lease renewal did not land key=%s error=%s (held for %.2fs more at most)",
+                        lock.key,
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else exc,
+                        lock.seconds_left,
+                    )
+                    if not busy:
+                        conn.close()
+                    pause = min(self.interval, RENEW_RETRY_PAUSE) * random.uniform(0.5, 1.0)
+                    next_at = time.monotonic() + pause
+                    continue
+                if not ok:
+                    return
+                next_at = started + self.interval
+        finally:
+            conn.close()

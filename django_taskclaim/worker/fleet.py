@@ -8,8 +8,10 @@ share the fleet fairly by construction: a slow or dead server stalls only its ow
 processes. With no alias given, each model is drained on the database Django's routers
 name for its writes (``router.db_for_write``), which is ``default`` without routers.
 
-Periodic schedules (:mod:`django_taskclaim.periodic`) are enqueued by the processes of the
-first alias only: their slot rows live in one database, so a slot still fires once.
+Periodic schedules (:mod:`django_taskclaim.periodic`) have one home database, the same for
+every worker whatever its ``--database`` order: the alias Django's routers name for writes
+of ``taskclaim.PeriodicSlot`` (:func:`schedule_home`; ``default`` without routers). Only
+the processes of that alias run the scheduler, so a slot fires once across the fleet.
 """
 
 from __future__ import annotations
@@ -24,6 +26,15 @@ from django.db import router
 from ..conf import taskclaim_settings
 from ..exceptions import ConfigurationError
 from .config import WorkerConfig
+
+
+def schedule_home() -> str:
+    """The database periodic slots (and their runs) are enqueued in: the alias
+    ``router.db_for_write`` names for ``taskclaim.PeriodicSlot`` (``default`` without
+    routers). Every worker derives the same one, so one fleet fires each slot once."""
+    from ..models import PeriodicSlot  # deferred: models need the app registry
+
+    return router.db_for_write(PeriodicSlot) or "default"
 
 
 def requested_databases(given: Sequence[str] | None) -> list[str]:
@@ -62,7 +73,8 @@ def plan(
     ``databases`` are the ``--database`` values (see :func:`requested_databases`); with
     none, the models (``labels``, or every claimable model with an entry point) are
     grouped by ``router.db_for_write``. ``options`` are :meth:`WorkerConfig.build`'s.
-    Only the first configuration runs the periodic scheduler.
+    Only the configuration of :func:`schedule_home` runs the periodic scheduler (none when
+    the fleet does not drain that database).
     """
     aliases = requested_databases(databases)
     if aliases:
@@ -74,8 +86,10 @@ def plan(
             alias = router.db_for_write(model) or "default"
             groups.setdefault(alias, []).append(model._meta.label)
         if list(groups) == ["default"]:
-            return [everything]
-        configs = [
-            WorkerConfig.build(group, using=alias, **options) for alias, group in groups.items()
-        ]
-    return [configs[0], *(replace(c, scheduler=False) for c in configs[1:])]
+            configs = [everything]
+        else:
+            configs = [
+                WorkerConfig.build(group, using=alias, **options) for alias, group in groups.items()
+            ]
+    home = schedule_home()
+    return [c if c.using == home else replace(c, scheduler=False) for c in configs]
