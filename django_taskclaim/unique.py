@@ -351,7 +351,7 @@ def insert_unique[M: models.Model](
     base = model._base_manager.using(using)
     conn = transaction.get_connection(using)
     in_atomic = conn.in_atomic_block
-    no_waits = in_atomic and getattr(for_connection(conn), "duplicate_checks_deadlock", False)
+    no_waits = in_atomic and for_connection(conn).duplicate_checks_deadlock
     turn = _key_turn(conn, key, value) if no_waits else contextlib.nullcontext()
     with turn:
         return _insert_or_read(build, first, key, value, using, base, in_atomic, no_waits)
