@@ -163,8 +163,10 @@ def test_advisory_statements():
     assert my.advisory_unlock((name,), shared=False) == ("SELECT RELEASE_LOCK(%s)", (name,))
     with pytest.raises(DatabaseError, match="GET_LOCK"):
         my.advisory_acquired(None, (name,), try_=False)
-    with pytest.raises(NotImplementedError):
-        my.set_lock_timeout("5ms")
+    # Whole seconds only (innodb_lock_wait_timeout), rounded down; session-wide.
+    assert my.set_lock_timeout("5ms").params == (0,)
+    assert my.set_lock_timeout("2500ms").params == (2,)
+    assert my.get_lock_timeout().sql == "SELECT @@SESSION.innodb_lock_wait_timeout"
 
 
 def test_mysql_lock_names_fit_and_stay_scoped():
