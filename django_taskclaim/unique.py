@@ -257,7 +257,7 @@ def is_unique_violation(exc: BaseException, key: UniqueKey, using: str) -> bool:
 
 #: Longest time, in seconds, a caller inside a transaction on MySQL / MariaDB tries its
 #: insert again while another transaction's uncommitted row of the same key is pending.
-KEY_WAIT_TIMEOUT = 60.0
+KEY_WAIT_TIMEOUT = 10.0
 
 
 @contextlib.contextmanager

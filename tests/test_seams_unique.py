@@ -67,7 +67,7 @@ def test_enqueue_unique_inside_atomic_raced_by_processes_never_deadlocks():
     assert errors == []  # no deadlock, no raw database error reaches a caller
     # A caller that cannot get the key's row within KEY_WAIT_TIMEOUT gets the documented
     # UniqueKeyRaceError (rare: a neighbouring key's writer holding what it needs).
-    assert len(named) <= 2, named
+    assert len(named) <= PROCS * CALLS // 50, named  # at most 2 %
     assert len(calls) + len(named) == PROCS * CALLS
     rows = {row.pk: row for row in Export.objects.all()}
     created = Counter(pk for _, pk, made in calls if made)
