@@ -8,7 +8,7 @@ filters: ``Document.objects.filter(kind="invoice").claim(10)``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Self
@@ -266,13 +266,7 @@ class ClaimQuerySetMixin(_QuerySetBase):
         """
         if not tasks:
             return []
-        opts = self.claim_options
-        lease = validate_lease(opts.lease if seconds is None else seconds)
-        cond = Q()
-        for t in tasks:
-            cond |= Q(pk=t.pk, version=t.version)
-        base = self.model._base_manager.using(self.db)
-        fenced = base.filter(cond).filter(status_recheck(opts, "processing", self.db))
+        lease, fenced, alive = self._held_by(tasks, seconds)
         n = retry_transient(
             lambda: fenced.update(locked_until=DbNow() + timedelta(seconds=lease)),
             self.db,
@@ -280,10 +274,24 @@ class ClaimQuerySetMixin(_QuerySetBase):
         )
         if n == len(tasks):
             return []
-        alive = set(
-            base.filter(cond).filter(opts.status_q("processing")).values_list("pk", flat=True)
-        )
-        return [t for t in tasks if t.pk not in alive]
+        still = alive()
+        return [t for t in tasks if t.pk not in still]
+
+    def _held_by(
+        self, tasks: Sequence[Any], seconds: float | timedelta | None
+    ) -> tuple[float, models.QuerySet, Callable[[], set[Any]]]:
+        """For a lease write on ``tasks``: the lease (validated), their rows still under
+        each task's token (the fence), and a plain read of which of them are still
+        ``processing`` under it (no lock waited for: MVCC)."""
+        opts = self.claim_options
+        lease = validate_lease(opts.lease if seconds is None else seconds)
+        cond = Q()
+        for t in tasks:
+            cond |= Q(pk=t.pk, version=t.version)
+        base = self.model._base_manager.using(self.db)
+        fenced = base.filter(cond).filter(status_recheck(opts, "processing", self.db))
+        rows = base.filter(cond).filter(opts.status_q("processing"))
+        return lease, fenced, lambda: set(rows.values_list("pk", flat=True))
 
     def renew_leases(
         self, tasks: Sequence[Any], seconds: float | timedelta | None = None
@@ -303,13 +311,8 @@ class ClaimQuerySetMixin(_QuerySetBase):
         """
         if not tasks:
             return [], []
-        opts = self.claim_options
-        lease = validate_lease(opts.lease if seconds is None else seconds)
-        cond = Q()
-        for t in tasks:
-            cond |= Q(pk=t.pk, version=t.version)
+        lease, fenced, alive_now = self._held_by(tasks, seconds)
         base = self.model._base_manager.using(self.db)
-        fenced = base.filter(cond).filter(status_recheck(opts, "processing", self.db))
         until = DbNow() + timedelta(seconds=lease)
         features = connections[self.db].features
         if not (features.has_select_for_update and features.has_select_for_update_skip_locked):
@@ -333,10 +336,7 @@ class ClaimQuerySetMixin(_QuerySetBase):
             renewed = retry_transient(renew, self.db, what="renew leases")
             if len(renewed) == len(tasks):
                 return [], []
-        # A plain read: it waits for no lock (MVCC), and tells lost from busy.
-        alive = set(
-            base.filter(cond).filter(opts.status_q("processing")).values_list("pk", flat=True)
-        )
+        alive = alive_now()  # tells lost from busy
         lost = [t for t in tasks if t.pk not in alive]
         if renewed is None:
             return lost, []

@@ -7,11 +7,15 @@ per executor once it fits, else just what idle executors need, never more than
 ``--concurrency`` × ``--batch`` rows held. Models are claimed from in rotation.
 
 A recovered row (its last holder lost it: :func:`~django_taskclaim.strategies.was_recovered`)
-may be the task that killed a worker: the process holds at most one at a time, queued
-after the rest of its claim, and claims nothing more until it has settled (it then runs
-alone: see :meth:`~.ledger.Ledger.wait_alone`); further recovered rows are given back
-unstarted at once (attempt not charged, still marked recovered), each to get its own
-turn.
+may be the task that killed a worker. While a crash of its process could not use up its
+attempts (:func:`may_share`: at least two would be left) it runs like any row, beside
+others, in batches. Otherwise it runs alone: the process holds at most one such row at a
+time, queued after the rest of its claim, and claims nothing more while its body may run
+(see :meth:`~.ledger.Ledger.wait_alone`); further such rows of the claim are given back
+unstarted at once, in one fenced statement per model (attempt not charged, still marked
+recovered), each to get its own turn. Recovered rows sort first (they are the oldest), so
+after a claim that returned one to run alone the claimer claims one row at a time until
+a claim returns none: no full batch is claimed to keep one row of it.
 """
 
 from __future__ import annotations
@@ -23,14 +27,14 @@ from collections.abc import Callable
 from typing import Any
 
 from django.db import DatabaseError, connections
-from django.db.models import F, Model
+from django.db.models import F, Model, Q
 
 from ..options import get_options
 from ..strategies import was_recovered
 from .acks import Acks
 from .config import WorkerConfig
 from .dbconn import backoff, close, drop_stale, one_line, pause
-from .ledger import Ledger
+from .ledger import SHARES_ATTR, Ledger, runs_alone
 
 logger = logging.getLogger("django_taskclaim.worker")
 
@@ -59,6 +63,9 @@ class Claimer(threading.Thread):
         self.stopping = stopping
         self.wake = threading.Event()  # a notification: rows may be ready
         self.claims = 0  # claim statements made (for tests and stats)
+        # Set by a claim that returned a row to run alone: claim one row at a time until
+        # a claim returns none (more would be given back unstarted).
+        self.one_at_a_time = False
         self.crashed = False
 
     def run(self) -> None:
@@ -85,7 +92,7 @@ class Claimer(threading.Thread):
                 return
             if not room:
                 continue
-            want = self.ledger.reserve(room)
+            want = self.ledger.reserve(1 if self.one_at_a_time else room)
             if not want:  # --max-tasks claimed: end once the last one settles
                 self._finish()
                 return
@@ -158,25 +165,36 @@ class Claimer(threading.Thread):
         self.wake.clear()
 
     def _one_recovered(self, rows: list[Any]) -> list[Any]:
-        recovered = [r for r in rows if was_recovered(r)]
-        if not recovered:
+        """The claimed rows to queue: those that may share first, then at most one row
+        to run alone (none if one is held already); other such rows are given back."""
+        for row in rows:
+            if was_recovered(row) and may_share(row):
+                setattr(row, SHARES_ATTR, True)
+        alone = [r for r in rows if runs_alone(r)]
+        self.one_at_a_time = bool(alone)
+        if not alone:
             return rows
-        keep = [] if self.ledger.holds_recovered() else recovered[:1]
-        extra = [r for r in recovered if r not in keep]
-        if extra:
-            self.give_back(extra)
-        return [r for r in rows if not was_recovered(r)] + keep
+        keep = [] if self.ledger.holds_recovered() else alone[:1]
+        if len(alone) > len(keep):
+            self.give_back(alone[len(keep) :])
+        return [r for r in rows if not runs_alone(r)] + keep
 
     def give_back(self, tasks: list[Any]) -> None:
         """Release claimed-but-unstarted recovered rows, keeping their recovered mark and
-        uncharging the attempt (fenced on the claim token)."""
+        uncharging the attempt: one statement per model, each row fenced on its claim
+        token (a row this claim no longer holds is left as it is)."""
+        by_model: dict[type[Model], list[Any]] = {}
         for task in tasks:
-            opts = get_options(task)
+            by_model.setdefault(type(task), []).append(task)
+        for model, rows in by_model.items():
+            opts = get_options(model)
+            tokens = Q()
+            for task in rows:
+                tokens |= Q(pk=task.pk, version=task.version)
             try:
                 hit = (
-                    type(task)
-                    ._base_manager.using(task._state.db or self.config.using)
-                    .filter(pk=task.pk, version=task.version)
+                    model._base_manager.using(rows[0]._state.db or self.config.using)
+                    .filter(tokens)
                     .filter(opts.status_q("processing"))
                     .update(
                         **{
@@ -188,18 +206,27 @@ class Claimer(threading.Thread):
                 )
             except DatabaseError as exc:
                 close(self.config.using)
-                hit = 0
                 logger.warning(
-                    "could not give back task=%s:%s worker=%s error=%s (its lease will expire)",
-                    type(task)._meta.label,
-                    task.pk,
+                    "could not give back tasks=%s model=%s worker=%s error=%s "
+                    "(their leases will expire)",
+                    len(rows),
+                    model._meta.label,
                     self.worker_id,
                     one_line(exc),
                 )
-            if hit:
-                logger.info(
-                    "recovered task=%s:%s given back to run alone worker=%s",
-                    type(task)._meta.label,
-                    task.pk,
-                    self.worker_id,
-                )
+                continue
+            logger.info(
+                "recovered tasks=%s model=%s given back to run alone worker=%s",
+                hit,
+                model._meta.label,
+                self.worker_id,
+            )
+
+
+def may_share(task: Any) -> bool:
+    """Whether recovered ``task`` (claimed: its attempt is charged) may run beside other
+    rows: if its process died now, of its own body or another's, it would still have two
+    attempts left, one to run alone and one for an ordinary failure. A task that kills its
+    worker every time thus uses its last attempts alone and ends ``failed``, and no other
+    task is dead-lettered, nor left without a retry, by its crashes (docs/reaper.md)."""
+    return int(task.attempts) <= get_options(task).max_attempts - 2

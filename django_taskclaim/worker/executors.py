@@ -28,7 +28,6 @@ from django.db import DatabaseError, connections
 from ..exceptions import ClaimLost, Retry
 from ..lifecycle import Attempt, Outcome, TaskAborted, attempt, cancel_flag, settle
 from ..options import get_options
-from ..strategies import was_recovered
 from ..transitions import RETRY_IN_ATTR
 from ..types import Claimable, model_of
 from ..writes import storable_text
@@ -38,7 +37,7 @@ from .bodies import Body
 from .config import WorkerConfig
 from .dbconn import backoff, close, connection_trouble, drop_stale, one_line
 from .exits import CRASH_WINDOW, MAX_CRASHES
-from .ledger import Ledger
+from .ledger import Ledger, runs_alone
 
 logger = logging.getLogger("django_taskclaim.worker")
 
@@ -143,14 +142,19 @@ class Executors:
         """Run one claimed row and record its outcome; return the outcome."""
         label = type(task)._meta.label
         drop_stale()  # a connection dead since an outage is replaced, not failed on
-        if was_recovered(task):
+        alone = runs_alone(task)
+        if alone:
             # It may be the task that killed a worker: nothing else of this process may
-            # be lost with it. The claimer claims nothing while it is held; wait for the
-            # rows running beside it, then write every pending completion.
+            # be lost with it. The claimer claims nothing while its body may run; wait
+            # for the rows running beside it, then for every pending completion to be
+            # written (here, or by the thread already writing it).
             while not self.ledger.wait_alone(threading.current_thread().name, 1.0):
                 if self.halt.is_set():
                     break
             self.acks.flush()
+            while not self.ledger.wait_written(1.0):
+                if self.halt.is_set():
+                    break
         flag = cancel_flag(task)  # before the body: the heartbeat may set it any time
         handler = self._handler(task, flag)
         started = time.monotonic()
@@ -174,7 +178,10 @@ class Executors:
         lost = flag.is_set() or self.ledger.is_lost(task)
         # A lost claim's outcome is written (fenced: it affects nothing) at once, never
         # deferred, so that it is reported now.
-        defer = self.acks.defer if self.acks.enabled and not lost else None
+        # A row run alone has its outcome written now, not deferred: the next row of this
+        # process starts only once it is (see Ledger.take), and the claimer claims that
+        # row meanwhile, so the two round trips overlap.
+        defer = self.acks.defer if self.acks.enabled and not lost and not alone else None
         try:
             outcome = settle(task, done, defer=defer)
         except Exception as exc:  # a refused value fails its row; an outage is waited out

@@ -18,7 +18,20 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ..strategies import was_recovered
 from ..types import Claimable
+
+#: Set by the claimer on a recovered row that may run beside other rows (a crash of its
+#: process could not use up its attempts: see :func:`~.claimer.may_share`); the ledger
+#: and the executors then treat it as a row that was never lost.
+SHARES_ATTR = "_taskclaim_may_share"
+
+
+def runs_alone(task: Any) -> bool:
+    """Whether ``task`` must run alone in its process: a recovered row
+    (:func:`~django_taskclaim.strategies.was_recovered`) that the claimer did not mark
+    as one that may share (:data:`SHARES_ATTR`)."""
+    return was_recovered(task) and not getattr(task, SHARES_ATTR, False)
 
 
 class Ledger:
@@ -38,7 +51,10 @@ class Ledger:
         recovered: Callable[[Any], bool] = lambda task: False,
     ) -> None:
         self.capacity = capacity
-        self.recovered = recovered
+        # rows that run alone: recovered ones, less those the claimer let share
+        self.recovered: Callable[[Any], bool] = lambda task: (
+            recovered(task) and not getattr(task, SHARES_ATTR, False)
+        )
         self.claim_size = claim_size
         self.max_tasks = max_tasks
         self._lock = threading.Lock()
@@ -52,6 +68,8 @@ class Ledger:
         self._lost: set[tuple[type, Any, int]] = set()
         self._reserved = 0
         self._held_recovered = 0  # claimed or running rows that are recovered
+        # threads whose recovered row's body returned, outcome not written yet
+        self._recovered_finishing: set[str] = set()
         self._closed = False
         self._stopped = False
         self.processed = 0
@@ -65,7 +83,7 @@ class Ledger:
             return self._room()
 
     def _room(self) -> int:
-        if self._closed or self._held_recovered:
+        if self._closed or self._held_recovered > len(self._recovered_finishing):
             return 0  # a recovered row runs alone: nothing more is claimed meanwhile
         # A row whose body has returned frees its slot: the next one is claimed while its
         # outcome is written, so a short task's executor does not wait for a claim.
@@ -108,14 +126,22 @@ class Ledger:
             return True
 
     def holds_recovered(self) -> bool:
-        """Whether a recovered row is claimed or running here."""
+        """Whether a recovered row is claimed or running its body here (one whose body
+        has returned does not count: the next may be claimed while its outcome is
+        written, and starts once that is written: see :meth:`take`)."""
         with self._lock:
-            return bool(self._held_recovered)
+            return self._held_recovered > len(self._recovered_finishing)
 
     def in_flight(self) -> int:
         """Rows claimed or running in this process."""
         with self._lock:
             return len(self._claimed) + len(self._running)
+
+    def wait_written(self, timeout: float) -> bool:
+        """Block until no completion taken by a writer is still being written (or
+        ``timeout``); return whether so. A recovered row starts only once the rows run
+        before it are written: see :meth:`wait_alone`."""
+        return self._wait_while(lambda: bool(self._writing), timeout)
 
     def wait_until_idle(self, timeout: float) -> bool:
         """Block until nothing is claimed or running (or ``timeout``); return whether so."""
@@ -151,11 +177,27 @@ class Ledger:
     # -- the executors' side ----------------------------------------------------------
     def take(self, me: str, timeout: float) -> Any:
         """The next claimed row, now running in thread ``me``; ``None`` after ``timeout``
-        or once the ledger is closed and empty, or stopped (see :attr:`closed`)."""
+        or once the ledger is closed and empty, or stopped (see :attr:`closed`).
+
+        Nothing starts while a recovered row's outcome is being written (its body has
+        returned): if the next row killed the process, that outcome would be lost and
+        the recovered row charged again for another row's crash."""
+
+        def blocked() -> bool:
+            if self._stopped:
+                return False
+            if not self._claimed:
+                return not self._closed
+            return bool(self._recovered_finishing)
+
+        deadline = time.monotonic() + timeout
         with self._changed:
-            if not self._claimed and not self._closed:
-                self._changed.wait(timeout)
-            if not self._claimed or self._stopped:
+            while blocked():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._changed.wait(left)
+            if not self._claimed or self._stopped or self._recovered_finishing:
                 return None
             task = self._claimed.popleft()
             self._running[me] = task
@@ -182,12 +224,15 @@ class Ledger:
         with self._changed:
             if me in self._running:
                 self._finishing.add(me)
+                if self.recovered(self._running[me]):
+                    self._recovered_finishing.add(me)
                 self._changed.notify_all()
 
     def settled(self, me: str) -> None:
         """Thread ``me`` finished its running row (whatever the outcome)."""
         with self._changed:
             self._finishing.discard(me)
+            self._recovered_finishing.discard(me)
             task = self._running.pop(me, None)
             if task is not None:
                 self.processed += 1
@@ -225,9 +270,10 @@ class Ledger:
     def acks_written(self, tasks: list[Any]) -> None:
         """The writer of ``tasks`` (from :meth:`take_acks`) is done with them, written or
         not: their leases need no keeping any more."""
-        with self._lock:
+        with self._changed:
             for task in tasks:
                 self._writing.pop(id(task), None)
+            self._changed.notify_all()  # a recovered row may be waiting: wait_written()
 
     def acks_due_at(self, window: float) -> float | None:
         """When the oldest buffered completion's window ends (monotonic), or None."""
