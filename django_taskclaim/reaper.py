@@ -12,9 +12,10 @@ holder) are re-checked inside the UPDATE itself — never a SELECT followed by a
 id alone — so a row a worker completes or re-leases meanwhile is left alone. The token is
 bumped, fencing the old holder. A row whose attempts are used up ends ``failed``; the
 others go back to ``ready`` *marked recovered*: ``locked_until`` keeps the end of the lost
-lease (a ``ready`` row otherwise has none). The worker runs a recovered row alone, after
-its batch-mates are settled, so a task that kills its worker is charged its attempts
-while the tasks claimed with it are not dead-lettered for it.
+lease (a ``ready`` row otherwise has none). The worker runs a recovered row near its last
+attempt alone, after its batch-mates are settled (earlier ones in batches, with attempts
+to spare), so a task that kills its worker is charged its attempts while the tasks
+claimed with it are not dead-lettered for it.
 """
 
 from __future__ import annotations

@@ -77,8 +77,8 @@ def claim_updates(opts: ClaimOptions, lease: float, worker: str) -> dict[str, An
 
 
 #: Set on each claimed instance: whether the row came back from a holder that lost it
-#: (its lease expired, or its worker was proven dead). Such a row is run alone; see
-#: :func:`was_recovered`.
+#: (its lease expired, or its worker was proven dead). Near its last attempt such a row is
+#: run alone; see :func:`was_recovered`.
 RECOVERED_ATTR = "_taskclaim_recovered"
 
 
@@ -88,8 +88,9 @@ def was_recovered(task: Any) -> bool:
 
     A recovered row is ``ready`` with its ``locked_until`` still set to the end of the
     lease that was lost (rows never lost have ``locked_until = NULL`` while ready). The
-    worker runs such a row last in its batch, alone, after the batch's other results are
-    written, so that a task that kills its worker charges no attempt to its batch-mates.
+    worker runs such a row in batches while a second crash would still leave it an attempt
+    to spare, else alone, after the other results are written, so that a task that kills
+    its worker never sends its batch-mates to ``failed``.
     """
     return bool(getattr(task, RECOVERED_ATTR, False))
 

@@ -216,7 +216,9 @@ class Claimer(threading.Thread):
                 )
                 continue
             logger.info(
-                "recovered tasks=%s model=%s given back to run alone worker=%s",
+                "recovered tasks=%s model=%s given back unstarted (attempt not charged): a row "
+                "recovered from a dead worker near its last attempt may be what killed it, so "
+                "each runs by itself, one at a time, in the next claims worker=%s",
                 hit,
                 model._meta.label,
                 self.worker_id,
