@@ -212,8 +212,12 @@ def test_an_unstorable_return_value_fails_its_task_alone(poison):
     seen = results_from_another_process(*good, bad)
     for rid in good:
         assert seen[rid]["status"] == "SUCCESSFUL", seen[rid]
-    assert seen[bad]["status"] == "FAILED", seen[bad]
-    assert "could not be stored" in QueuedTask.objects.get(pk=bad).last_error
+    if connection.vendor == "sqlite" and poison == "surrogate":
+        # SQLite keeps the JSON text as written: the escaped surrogate is stored.
+        assert seen[bad]["status"] == "SUCCESSFUL", seen[bad]
+    else:
+        assert seen[bad]["status"] == "FAILED", seen[bad]
+        assert "could not be stored" in QueuedTask.objects.get(pk=bad).last_error
     runs = list(Ledger.objects.filter(worker__startswith="ran:").values_list("worker", flat=True))
     assert sorted(runs) == sorted([f"ran:good{i}" for i in range(5)] + [f"ran:{poison}"])
 
