@@ -122,5 +122,7 @@ def test_connections_killed_every_second(procs):
     assert_exactly_once(n)
     err = w.stderr()
     assert "Traceback" not in err
-    assert "database error" in err  # it did notice, and carried on
+    # It did notice (a claim, an outcome write, the heartbeat or the listener saw a killed
+    # connection; an idle one is replaced before use without an error), and carried on.
+    assert "OperationalError" in err
     assert w.stop() == 0
