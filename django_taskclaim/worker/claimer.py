@@ -135,7 +135,18 @@ class Claimer(threading.Thread):
                     while not self.stopping.is_set() and not self.ledger.wait_until_idle(poll):
                         pass
                     continue
-                if not (self.config.until_empty and self.work_left()):
+                try:
+                    more = self.config.until_empty and self.work_left()
+                except DatabaseError as exc:  # as a failed claim: the next one tells
+                    close(self.config.using)
+                    logger.warning(
+                        "database error while looking for work left worker=%s error=%s",
+                        self.worker_id,
+                        one_line(exc),
+                    )
+                    pause(backoff(failures + 1, self.config.using), self.wake, self.config.using)
+                    continue
+                if not more:
                     self._finish()
                     return
             self._idle(poll)
