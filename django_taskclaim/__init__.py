@@ -16,7 +16,7 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
-from .exceptions import (
+from django_taskclaim.exceptions import (
     ClaimInTransactionError,
     ClaimLost,
     ConfigurationError,

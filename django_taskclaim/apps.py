@@ -11,9 +11,9 @@ class TaskClaimConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_migrate, pre_migrate
 
-        from . import checks, lock_checks  # noqa: F401  (register the system checks)
-        from .notify import connect_signals  # deferred: connected once the app registry is ready
-        from .notify_trigger import on_post_migrate, on_pre_migrate
+        from django_taskclaim import checks, lock_checks  # noqa: F401  (register the system checks)
+        from django_taskclaim.notify import connect_signals  # deferred: connected once the app registry is ready
+        from django_taskclaim.notify_trigger import on_post_migrate, on_pre_migrate
 
         connect_signals()
         # Triggers are set aside while migrations run (they pin the columns they read).

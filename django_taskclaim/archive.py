@@ -27,12 +27,12 @@ from django.db import connections, models, router, transaction
 from django.db.models import GeneratedField, Q
 from django.db.models.fields import AutoFieldMixin
 
-from . import bounds
-from .backends import for_connection
-from .db import DbNow, retry_transient
-from .exceptions import ConfigurationError
-from .options import get_options
-from .status import TERMINAL_STATES
+from django_taskclaim import bounds
+from django_taskclaim.backends import for_connection
+from django_taskclaim.db import DbNow, retry_transient
+from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.options import get_options
+from django_taskclaim.status import TERMINAL_STATES
 
 logger = logging.getLogger("django_taskclaim.retention")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from .exceptions import ConfigurationError
+from django_taskclaim.exceptions import ConfigurationError
 
 DAY = 24 * 3600.0
 #: The longest lease a claim or a lock may take (30 days). Longer tasks are kept alive

@@ -30,13 +30,13 @@ from django.conf import settings
 from django.core import checks
 from django.db import connections, router
 
-from . import bounds
-from .archive import archive_problems
-from .backends import for_engine
-from .conf import CHECK_TAG, PREFIX, taskclaim_settings
-from .exceptions import TaskClaimError
-from .options import checked_models, get_options
-from .strategies import resolve
+from django_taskclaim import bounds
+from django_taskclaim.archive import archive_problems
+from django_taskclaim.backends import for_engine
+from django_taskclaim.conf import CHECK_TAG, PREFIX, taskclaim_settings
+from django_taskclaim.exceptions import TaskClaimError
+from django_taskclaim.options import checked_models, get_options
+from django_taskclaim.strategies import resolve
 
 #: The tag of every django-taskclaim check: ``manage.py check --tag taskclaim`` runs them
 #: alone, and the worker runs them (and only them) when it starts.

@@ -15,9 +15,9 @@ from typing import Any, cast
 
 from django.db import models
 
-from . import bounds
-from .exceptions import ConfigurationError, NotClaimableError
-from .status import STATE_NAMES, Status
+from django_taskclaim import bounds
+from django_taskclaim.exceptions import ConfigurationError, NotClaimableError
+from django_taskclaim.status import STATE_NAMES, Status
 
 REQUIRED_FIELDS = ("version", "locked_until", "attempts")
 #: Fields only the library's fenced operations write; a plain ``save()`` of an existing

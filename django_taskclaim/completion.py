@@ -20,15 +20,15 @@ from django.db import connections, models
 from django.db.models import F
 from django.db.models.expressions import Combinable, RawSQL
 
-from . import signals
-from .backends import for_alias
-from .db import DbNow, retry_transient
-from .exceptions import ConfigurationError
-from .options import CLAIM_STATE_FIELDS, SLOT_FIELD, ClaimOptions, get_options
-from .strategies import complete_many_in_one, status_recheck
-from .types import Claimable
-from .writes import _check_fields as _check_model_fields
-from .writes import _db
+from django_taskclaim import signals
+from django_taskclaim.backends import for_alias
+from django_taskclaim.db import DbNow, retry_transient
+from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.options import CLAIM_STATE_FIELDS, SLOT_FIELD, ClaimOptions, get_options
+from django_taskclaim.strategies import complete_many_in_one, status_recheck
+from django_taskclaim.types import Claimable
+from django_taskclaim.writes import _check_fields as _check_model_fields
+from django_taskclaim.writes import _db
 
 #: The lifecycle's logger: a lost claim is logged under one name, batched or not.
 logger = logging.getLogger("django_taskclaim.lifecycle")

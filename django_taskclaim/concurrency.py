@@ -30,11 +30,11 @@ from django.db import models, router
 from django.db.models import Case, F, GeneratedField, Q, UniqueConstraint, Value, When
 from django.utils.translation import gettext_lazy as _
 
-from .backends import for_engine
-from .conf import CHECK_TAG
-from .exceptions import TaskClaimError
-from .options import SLOT_FIELD, ClaimOptions, checked_models, get_options
-from .status import Status
+from django_taskclaim.backends import for_engine
+from django_taskclaim.conf import CHECK_TAG
+from django_taskclaim.exceptions import TaskClaimError
+from django_taskclaim.options import SLOT_FIELD, ClaimOptions, checked_models, get_options
+from django_taskclaim.status import Status
 
 __all__ = [
     "ConcurrencyGuard",

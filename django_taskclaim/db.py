@@ -19,8 +19,8 @@ from django.conf import settings
 from django.db import DatabaseError, connections
 from django.db.models.functions import Now
 
-from .backends import for_alias, for_connection
-from .conf import taskclaim_settings
+from django_taskclaim.backends import for_alias, for_connection
+from django_taskclaim.conf import taskclaim_settings
 
 logger = logging.getLogger("django_taskclaim.db")
 

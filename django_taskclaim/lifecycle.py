@@ -25,19 +25,19 @@ from asgiref.sync import async_to_sync
 from django.db import models
 from django.db.models.expressions import Combinable
 
-from .completion import COMPLETE_MANY_CHUNK as COMPLETE_MANY_CHUNK
-from .completion import PENDING_ATTR, BatchableResult, _check_fields
-from .completion import complete_many as complete_many
-from .exceptions import ClaimLost, ConfigurationError, Fail, Retry
-from .options import get_options
-from .transitions import Outcome, complete, fail, fenced, retry
-from .transitions import complete_pending as complete_pending
-from .transitions import extend_lease as extend_lease
-from .transitions import release as release
-from .types import Claimable, model_of
-from .writes import MAX_ERROR_CHARS as MAX_ERROR_CHARS
-from .writes import _db
-from .writes import format_error as format_error
+from django_taskclaim.completion import COMPLETE_MANY_CHUNK as COMPLETE_MANY_CHUNK
+from django_taskclaim.completion import PENDING_ATTR, BatchableResult, _check_fields
+from django_taskclaim.completion import complete_many as complete_many
+from django_taskclaim.exceptions import ClaimLost, ConfigurationError, Fail, Retry
+from django_taskclaim.options import get_options
+from django_taskclaim.transitions import Outcome, complete, fail, fenced, retry
+from django_taskclaim.transitions import complete_pending as complete_pending
+from django_taskclaim.transitions import extend_lease as extend_lease
+from django_taskclaim.transitions import release as release
+from django_taskclaim.types import Claimable, model_of
+from django_taskclaim.writes import MAX_ERROR_CHARS as MAX_ERROR_CHARS
+from django_taskclaim.writes import _db
+from django_taskclaim.writes import format_error as format_error
 
 logger = logging.getLogger("django_taskclaim.lifecycle")
 

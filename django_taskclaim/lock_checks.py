@@ -16,8 +16,8 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from .backends import for_engine
-from .conf import CHECK_TAG, taskclaim_settings
+from django_taskclaim.backends import for_engine
+from django_taskclaim.conf import CHECK_TAG, taskclaim_settings
 
 PGBOUNCER_DEFAULT_PORT = 6432
 

@@ -17,11 +17,11 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from . import lifecycle
-from .db import DbNow
-from .options import CLAIM_STATE_FIELDS, get_options
-from .querysets import ClaimQuerySet
-from .status import Status
+from django_taskclaim import lifecycle
+from django_taskclaim.db import DbNow
+from django_taskclaim.options import CLAIM_STATE_FIELDS, get_options
+from django_taskclaim.querysets import ClaimQuerySet
+from django_taskclaim.status import Status
 
 
 class StatusFieldMixin(models.Model):

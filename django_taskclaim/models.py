@@ -13,8 +13,8 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from .db import DbNow
-from .mixins import (
+from django_taskclaim.db import DbNow
+from django_taskclaim.mixins import (
     ClaimableMixin,
     ClaimableModel,
     ClaimFieldsMixin,
@@ -138,6 +138,6 @@ class PeriodicRun(ClaimableModel):
     def process(self) -> Any:
         """Call the function (with this row if it takes an argument); see
         :func:`django_taskclaim.periodic.slots.run_function`."""
-        from .periodic.slots import run_function  # deferred: cycle, slots imports these models
+        from django_taskclaim.periodic.slots import run_function  # deferred: cycle, slots imports these models
 
         return run_function(self)

@@ -21,16 +21,16 @@ from django.db.models.expressions import CombinedExpression
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from .backends import for_connection
-from .conf import taskclaim_settings
-from .db import DbNow
-from .options import claimable_models, get_options
-from .querysets import as_claim_queryset
-from .retention import PruneResult as PruneResult  # retention's names, importable here too
-from .retention import parse_age as parse_age
-from .retention import prune as prune
-from .retention import prune_models as prune_models
-from .status import STATE_NAMES
+from django_taskclaim.backends import for_connection
+from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.db import DbNow
+from django_taskclaim.options import claimable_models, get_options
+from django_taskclaim.querysets import as_claim_queryset
+from django_taskclaim.retention import PruneResult as PruneResult  # retention's names, importable here too
+from django_taskclaim.retention import parse_age as parse_age
+from django_taskclaim.retention import prune as prune
+from django_taskclaim.retention import prune_models as prune_models
+from django_taskclaim.status import STATE_NAMES
 
 logger = logging.getLogger("django_taskclaim.monitoring")
 
@@ -212,7 +212,7 @@ def model_stats(
 def live_workers(using: str | None = None) -> list[WorkerInfo]:
     """Registered workers not stopped and heard from within :func:`silent_after` seconds
     (:func:`live_worker_q`, database clock), ordered by id."""
-    from .models import WorkerProcess  # deferred: models need the app registry
+    from django_taskclaim.models import WorkerProcess  # deferred: models need the app registry
 
     db = using or router.db_for_read(WorkerProcess)
     rows = WorkerProcess.objects.using(db).filter(live_worker_q())

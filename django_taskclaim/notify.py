@@ -25,9 +25,9 @@ from typing import Any
 from django.db import connections, models, router, transaction
 from django.db.models.signals import post_save
 
-from .backends import for_alias, for_connection
-from .conf import taskclaim_settings
-from .options import get_options, is_claimable
+from django_taskclaim.backends import for_alias, for_connection
+from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.options import get_options, is_claimable
 
 logger = logging.getLogger("django_taskclaim.notify")
 
@@ -180,7 +180,7 @@ class Listener(threading.Thread):
 
     def run(self) -> None:
         # Deferred: the worker package, which starts this thread, imports this module.
-        from .worker.dbconn import back, backoff, pause, trouble
+        from django_taskclaim.worker.dbconn import back, backoff, pause, trouble
 
         failures = 0
         while not self._halt.is_set():

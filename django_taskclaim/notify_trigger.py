@@ -38,10 +38,10 @@ from typing import Any
 from django.apps import apps
 from django.db import DatabaseError, connections, models, router, transaction
 
-from .backends import for_connection
-from .conf import taskclaim_settings
-from .exceptions import TaskClaimError
-from .options import get_options, is_claimable
+from django_taskclaim.backends import for_connection
+from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.exceptions import TaskClaimError
+from django_taskclaim.options import get_options, is_claimable
 
 logger = logging.getLogger("django_taskclaim.notify")
 

@@ -30,15 +30,15 @@ from django.core.signals import setting_changed
 from django.db import models
 from django.utils.module_loading import import_string
 
-from . import bounds
-from .claim_meta import _LIVE, REQUIRED_FIELDS, Concurrency, _build_static, _label, _Static
-from .claim_meta import CLAIM_STATE_FIELDS as CLAIM_STATE_FIELDS
-from .claim_meta import OPTIONAL_FIELDS as OPTIONAL_FIELDS
-from .claim_meta import SLOT_FIELD as SLOT_FIELD
-from .conf import PREFIX, taskclaim_settings
-from .exceptions import ConfigurationError, NotClaimableError
-from .strategies import STRATEGY_NAMES
-from .types import Claimable
+from django_taskclaim import bounds
+from django_taskclaim.claim_meta import _LIVE, REQUIRED_FIELDS, Concurrency, _build_static, _label, _Static
+from django_taskclaim.claim_meta import CLAIM_STATE_FIELDS as CLAIM_STATE_FIELDS
+from django_taskclaim.claim_meta import OPTIONAL_FIELDS as OPTIONAL_FIELDS
+from django_taskclaim.claim_meta import SLOT_FIELD as SLOT_FIELD
+from django_taskclaim.conf import PREFIX, taskclaim_settings
+from django_taskclaim.exceptions import ConfigurationError, NotClaimableError
+from django_taskclaim.strategies import STRATEGY_NAMES
+from django_taskclaim.types import Claimable
 
 _cache: dict[type[models.Model], ClaimOptions] = {}
 
@@ -372,4 +372,4 @@ def resolve_model(label: str) -> type[models.Model]:
 
 # Registers the concurrency-key system check (taskclaim.E032 / E033) with the options
 # every check and claim loads.
-from . import concurrency  # noqa: E402, F401
+from django_taskclaim import concurrency  # noqa: E402, F401

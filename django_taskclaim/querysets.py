@@ -18,15 +18,15 @@ from django.db import DatabaseError, connections, models, transaction
 from django.db.models import Count, F, Q, Value
 from django.db.models.functions import Coalesce, Concat
 
-from . import bounds, lifecycle, signals
-from .db import DbNow, default_worker_id, in_user_atomic, is_transient, retry_transient
-from .exceptions import ClaimInTransactionError, ConfigurationError
-from .options import ClaimOptions, get_options
-from .strategies import resolve, status_recheck, validate_lease
-from .unique import insert_unique
+from django_taskclaim import bounds, lifecycle, signals
+from django_taskclaim.db import DbNow, default_worker_id, in_user_atomic, is_transient, retry_transient
+from django_taskclaim.exceptions import ClaimInTransactionError, ConfigurationError
+from django_taskclaim.options import ClaimOptions, get_options
+from django_taskclaim.strategies import resolve, status_recheck, validate_lease
+from django_taskclaim.unique import insert_unique
 
 if TYPE_CHECKING:
-    from .reaper import ReapResult
+    from django_taskclaim.reaper import ReapResult
 
 logger = logging.getLogger("django_taskclaim.claim")
 
@@ -437,7 +437,7 @@ class ClaimQuerySetMixin(_QuerySetBase):
 
     def reap(self, **kwargs: Any) -> ReapResult:
         """Recover this queryset's expired leases; see :func:`django_taskclaim.reaper.reap`."""
-        from .reaper import reap_queryset  # deferred: cycle, the reaper imports this module
+        from django_taskclaim.reaper import reap_queryset  # deferred: cycle, the reaper imports this module
 
         return reap_queryset(self._qs(), **kwargs)
 

@@ -32,11 +32,11 @@ from django.db import DatabaseError, connections, models, router, transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce, Concat
 
-from . import bounds, signals
-from .conf import taskclaim_settings
-from .db import DbNow, retry_transient
-from .options import claimable_models, get_options
-from .querysets import lease_expired_q
+from django_taskclaim import bounds, signals
+from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.db import DbNow, retry_transient
+from django_taskclaim.options import claimable_models, get_options
+from django_taskclaim.querysets import lease_expired_q
 
 logger = logging.getLogger("django_taskclaim.reaper")
 

@@ -18,12 +18,12 @@ from datetime import timedelta
 from django.db import models, router
 from django.db.models import Q
 
-from . import bounds
-from .archive import archive_finished
-from .db import DbNow
-from .exceptions import ConfigurationError
-from .options import claimable_models, get_options
-from .status import TERMINAL_STATES
+from django_taskclaim import bounds
+from django_taskclaim.archive import archive_finished
+from django_taskclaim.db import DbNow
+from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.options import claimable_models, get_options
+from django_taskclaim.status import TERMINAL_STATES
 
 logger = logging.getLogger("django_taskclaim.retention")
 

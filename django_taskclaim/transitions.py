@@ -23,15 +23,15 @@ from django.db import DatabaseError, models, transaction
 from django.db.models import F
 from django.db.models.expressions import Combinable
 
-from . import bounds, signals
-from .completion import PENDING_ATTR, _check_fields, _pending
-from .conf import taskclaim_settings
-from .db import DbNow, in_user_atomic, is_transient, retry_transient
-from .exceptions import ClaimLost
-from .options import CLAIM_STATE_FIELDS, SLOT_FIELD, ClaimOptions, get_options
-from .strategies import status_recheck, validate_lease
-from .types import Claimable, model_of
-from .writes import _db, format_error
+from django_taskclaim import bounds, signals
+from django_taskclaim.completion import PENDING_ATTR, _check_fields, _pending
+from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.db import DbNow, in_user_atomic, is_transient, retry_transient
+from django_taskclaim.exceptions import ClaimLost
+from django_taskclaim.options import CLAIM_STATE_FIELDS, SLOT_FIELD, ClaimOptions, get_options
+from django_taskclaim.strategies import status_recheck, validate_lease
+from django_taskclaim.types import Claimable, model_of
+from django_taskclaim.writes import _db, format_error
 
 #: The lifecycle's logger: a lost claim is logged under one name, whichever write lost it.
 logger = logging.getLogger("django_taskclaim.lifecycle")

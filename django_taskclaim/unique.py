@@ -32,12 +32,12 @@ from django.core import checks
 from django.db import IntegrityError, OperationalError, models, transaction
 from django.db.models import Case, F, Q, When
 
-from .backends import for_alias, for_connection
-from .conf import CHECK_TAG
-from .db import is_transient, retry_transient
-from .exceptions import ConfigurationError, TaskClaimError
-from .options import get_options
-from .status import Status
+from django_taskclaim.backends import for_alias, for_connection
+from django_taskclaim.conf import CHECK_TAG
+from django_taskclaim.db import is_transient, retry_transient
+from django_taskclaim.exceptions import ConfigurationError, TaskClaimError
+from django_taskclaim.options import get_options
+from django_taskclaim.status import Status
 
 logger = logging.getLogger("django_taskclaim.unique")
 
@@ -267,7 +267,7 @@ def _key_turn(conn: Any, key: UniqueKey, value: Any) -> Iterator[None]:
     around the caller's attempts. Two callers that each hold the share locks of a
     refused duplicate check would otherwise each wait for the other's commit, for ever;
     taken in turn, the second one waits only for the first one's transaction."""
-    from .locks.keys import normalize_key  # deferred: the locks import the models
+    from django_taskclaim.locks.keys import normalize_key  # deferred: the locks import the models
 
     sql = for_connection(conn)
     name = f"taskclaim-unique:{key.table}:{key.constraint}:{value!r}"

@@ -15,8 +15,8 @@ from typing import Any
 
 from django.db import router
 
-from .options import CLAIM_STATE_FIELDS, ClaimOptions
-from .types import Claimable, model_of
+from django_taskclaim.options import CLAIM_STATE_FIELDS, ClaimOptions
+from django_taskclaim.types import Claimable, model_of
 
 MAX_ERROR_CHARS = 10_000
 

@@ -29,9 +29,9 @@ schedules, slots and runs) and :mod:`.display` (badges, labels, durations).
 
 from __future__ import annotations
 
-from .actions import ClaimActionsMixin
-from .dashboard import dashboard_context, dashboard_view
-from .display import (
+from django_taskclaim.admin.actions import ClaimActionsMixin
+from django_taskclaim.admin.dashboard import dashboard_context, dashboard_view
+from django_taskclaim.admin.display import (
     NOW_ANNOTATION,
     STYLESHEET,
     annotated_now,
@@ -40,16 +40,16 @@ from .display import (
     site_by_name,
     state_label,
 )
-from .filters import ClaimStatusFilter, ErrorFilter, LeaseFilter
-from .mixin import (
+from django_taskclaim.admin.filters import ClaimStatusFilter, ErrorFilter, LeaseFilter
+from django_taskclaim.admin.mixin import (
     CLAIM_COLUMNS,
     DEFAULT_STATUS_ORDERING,
     READONLY_CLAIM_FIELDS,
     ClaimableAdminMixin,
 )
-from .own_models import LeaseAdmin, ReadOnlyAdminMixin, WorkerProcessAdmin
-from .own_models import _AliveFilter as _AliveFilter
-from .periodic import PeriodicRunAdmin, PeriodicSlotAdmin
+from django_taskclaim.admin.own_models import LeaseAdmin, ReadOnlyAdminMixin, WorkerProcessAdmin
+from django_taskclaim.admin.own_models import _AliveFilter as _AliveFilter
+from django_taskclaim.admin.periodic import PeriodicRunAdmin, PeriodicSlotAdmin
 
 #: The admin site of a request's ``current_app`` (used by the ``taskclaim_dashboard`` tag).
 _site_by_name = site_by_name

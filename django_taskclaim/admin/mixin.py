@@ -15,12 +15,12 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
-from ..db import DbNow
-from ..monitoring import model_stats
-from ..options import get_options
-from ..querysets import UNKNOWN_STATE, lease_ended
-from .actions import ClaimActionsMixin
-from .display import (
+from django_taskclaim.db import DbNow
+from django_taskclaim.monitoring import model_stats
+from django_taskclaim.options import get_options
+from django_taskclaim.querysets import UNKNOWN_STATE, lease_ended
+from django_taskclaim.admin.actions import ClaimActionsMixin
+from django_taskclaim.admin.display import (
     NOW_ANNOTATION,
     STYLESHEET,
     annotated_now,
@@ -28,7 +28,7 @@ from .display import (
     humanize_seconds,
     state_label,
 )
-from .filters import ClaimStatusFilter, ErrorFilter, LeaseFilter
+from django_taskclaim.admin.filters import ClaimStatusFilter, ErrorFilter, LeaseFilter
 
 __all__ = [
     "CLAIM_COLUMNS",

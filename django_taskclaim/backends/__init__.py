@@ -13,10 +13,10 @@ from typing import Any
 
 from django.db import connections
 
-from .base import AdvisoryKind, ClaimColumns, DatabaseSQL, LeaseTable, Statement
-from .mysql import MySQL
-from .postgresql import PostgreSQL
-from .sqlite import SQLite
+from django_taskclaim.backends.base import AdvisoryKind, ClaimColumns, DatabaseSQL, LeaseTable, Statement
+from django_taskclaim.backends.mysql import MySQL
+from django_taskclaim.backends.postgresql import PostgreSQL
+from django_taskclaim.backends.sqlite import SQLite
 
 __all__ = [
     "AdvisoryKind",

@@ -72,7 +72,7 @@ class LeaseTable:
     def of(cls, connection: Any) -> LeaseTable:
         """The quoted names on ``connection`` (its ``ops.quote_name``)."""
         # The models import django_taskclaim.db, which imports the backends: a late import.
-        from ..models import Lease  # deferred: models need the app registry
+        from django_taskclaim.models import Lease  # deferred: models need the app registry
 
         qn = connection.ops.quote_name
         meta = Lease._meta

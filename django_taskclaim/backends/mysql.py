@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from django.db import DatabaseError
 
-from .base import AdvisoryKind, DatabaseSQL, LeaseTable, Statement
+from django_taskclaim.backends.base import AdvisoryKind, DatabaseSQL, LeaseTable, Statement
 
 #: Error codes worth a retry: ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT.
 TRANSIENT_ERRORS = frozenset({1213, 1205})

@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from .base import DatabaseSQL, LeaseTable, Statement
+from django_taskclaim.backends.base import DatabaseSQL, LeaseTable, Statement
 
 
 class SQLite(DatabaseSQL):

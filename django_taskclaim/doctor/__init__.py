@@ -24,12 +24,12 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, router
 
-from ..exceptions import TaskClaimError
-from ..models import WorkerProcess
-from ..options import claimable_models, get_options, is_claimable
-from . import database, indexes, queues, schema
-from .context import ModelContext
-from .findings import (
+from django_taskclaim.exceptions import TaskClaimError
+from django_taskclaim.models import WorkerProcess
+from django_taskclaim.options import claimable_models, get_options, is_claimable
+from django_taskclaim.doctor import database, indexes, queues, schema
+from django_taskclaim.doctor.context import ModelContext
+from django_taskclaim.doctor.findings import (
     SEVERITIES,
     Finding,
     Severity,

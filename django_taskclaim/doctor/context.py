@@ -8,11 +8,11 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from ..backends import DatabaseSQL, for_connection
-from ..monitoring import ModelStats, model_stats
-from ..options import ClaimOptions, get_options
-from ..querysets import as_claim_queryset
-from .findings import Thresholds
+from django_taskclaim.backends import DatabaseSQL, for_connection
+from django_taskclaim.monitoring import ModelStats, model_stats
+from django_taskclaim.options import ClaimOptions, get_options
+from django_taskclaim.querysets import as_claim_queryset
+from django_taskclaim.doctor.findings import Thresholds
 
 
 @dataclass

@@ -13,17 +13,17 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.utils import timezone
 
-from .. import bounds
-from ..backends import for_connection
-from ..checks import heartbeat_problem
-from ..conf import taskclaim_settings
-from ..exceptions import LockUsageError, TaskClaimError
-from ..lock_checks import pooler_messages
-from ..locks.advisory import _refuse_if_proxied
-from ..monitoring import db_now
-from ..notify_trigger import trigger_state
-from ..options import get_options
-from .findings import BAD_OPTION_FIX, Finding, Thresholds, one_line
+from django_taskclaim import bounds
+from django_taskclaim.backends import for_connection
+from django_taskclaim.checks import heartbeat_problem
+from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.exceptions import LockUsageError, TaskClaimError
+from django_taskclaim.lock_checks import pooler_messages
+from django_taskclaim.locks.advisory import _refuse_if_proxied
+from django_taskclaim.monitoring import db_now
+from django_taskclaim.notify_trigger import trigger_state
+from django_taskclaim.options import get_options
+from django_taskclaim.doctor.findings import BAD_OPTION_FIX, Finding, Thresholds, one_line
 
 REACHABLE, POOLER, PROXY, CLOCK, HEARTBEAT, DURABLE, TRIGGER = (
     "TC-D001",

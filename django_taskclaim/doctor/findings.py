@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from django.db import DatabaseError, connections, transaction
 
-from ..exceptions import TaskClaimError
+from django_taskclaim.exceptions import TaskClaimError
 
 Severity = Literal["ok", "warning", "error"]
 #: The severities, mildest first.

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from .. import bounds
-from ..checks import claim_index_present
-from ..conf import taskclaim_settings
-from ..strategies import candidates, compile_queryset
-from .context import ModelContext
-from .findings import Finding
+from django_taskclaim import bounds
+from django_taskclaim.checks import claim_index_present
+from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.strategies import candidates, compile_queryset
+from django_taskclaim.doctor.context import ModelContext
+from django_taskclaim.doctor.findings import Finding
 
 CLAIM_INDEX, CLAIM_PLAN, LEASE_INDEX, LEASE_PLAN = ("TC-D010", "TC-D011", "TC-D012", "TC-D013")
 

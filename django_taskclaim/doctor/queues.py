@@ -7,14 +7,14 @@ from datetime import timedelta
 
 from django.db import DEFAULT_DB_ALIAS
 
-from .. import bounds
-from ..conf import taskclaim_settings
-from ..db import DbNow
-from ..models import WorkerProcess
-from ..monitoring import humanize_seconds, live_workers, silent_after, silent_worker_q
-from ..retention import prune
-from .context import ModelContext
-from .findings import Finding, duration_option, human_bytes
+from django_taskclaim import bounds
+from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.db import DbNow
+from django_taskclaim.models import WorkerProcess
+from django_taskclaim.monitoring import humanize_seconds, live_workers, silent_after, silent_worker_q
+from django_taskclaim.retention import prune
+from django_taskclaim.doctor.context import ModelContext
+from django_taskclaim.doctor.findings import Finding, duration_option, human_bytes
 
 READY_AGE, NOT_REAPED, FAILED, SILENT, PRUNE = (
     "TC-D020",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..worker.preflight import migrate_fix, schema_problems
-from .findings import Finding
+from django_taskclaim.worker.preflight import migrate_fix, schema_problems
+from django_taskclaim.doctor.findings import Finding
 
 SCHEMA = "TC-D008"
 

@@ -19,9 +19,9 @@ importable from here. See ``docs/locks.md`` for which lock fits which job.
 
 from __future__ import annotations
 
-from ..exceptions import LockLost, LockUsageError
-from .advisory import PG_MAX_TIMEOUT, AdvisoryLock, OnFail, advisory, mysql_lock_name
-from .keys import (
+from django_taskclaim.exceptions import LockLost, LockUsageError
+from django_taskclaim.locks.advisory import PG_MAX_TIMEOUT, AdvisoryLock, OnFail, advisory, mysql_lock_name
+from django_taskclaim.locks.keys import (
     INT32_MAX,
     INT32_MIN,
     INT64_MAX,
@@ -31,7 +31,7 @@ from .keys import (
     advisory_key,
     normalize_key,
 )
-from .lease import (
+from django_taskclaim.locks.lease import (
     MAX_TTL,
     MIN_RENEW_EVERY,
     MIN_TTL,
@@ -40,7 +40,7 @@ from .lease import (
     lease_lock,
     safety_margin,
 )
-from .singleton import SKIPPED, singleton
+from django_taskclaim.locks.singleton import SKIPPED, singleton
 
 __all__ = [
     "INT32_MAX",

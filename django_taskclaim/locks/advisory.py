@@ -13,13 +13,13 @@ from typing import Any, Literal, TypeVar, cast
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
-from ..backends import DatabaseSQL, for_connection
-from ..backends.mysql import lock_name
-from ..conf import taskclaim_settings
-from ..db import in_user_atomic, is_lock_timeout
-from ..exceptions import LockLost, LockNotAcquired, LockUsageError
-from .keys import dotted_path, normalize_key
-from .state import Entered, EntryStack
+from django_taskclaim.backends import DatabaseSQL, for_connection
+from django_taskclaim.backends.mysql import lock_name
+from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.db import in_user_atomic, is_lock_timeout
+from django_taskclaim.exceptions import LockLost, LockNotAcquired, LockUsageError
+from django_taskclaim.locks.keys import dotted_path, normalize_key
+from django_taskclaim.locks.state import Entered, EntryStack
 
 logger = logging.getLogger("django_taskclaim.locks")
 

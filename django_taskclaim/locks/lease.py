@@ -17,14 +17,14 @@ from typing import Any
 
 from django.db import DatabaseError, connections, router, transaction
 
-from .. import bounds
-from ..backends import DatabaseSQL, LeaseTable, Statement, for_connection
-from ..conf import taskclaim_settings
-from ..db import default_worker_id, in_user_atomic, is_lock_timeout, is_transient, retry_transient
-from ..exceptions import LockLost, LockNotAcquired, LockUsageError
-from .keys import validate_lease_key
-from .renewer import Renewer
-from .state import LeaseState
+from django_taskclaim import bounds
+from django_taskclaim.backends import DatabaseSQL, LeaseTable, Statement, for_connection
+from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.db import default_worker_id, in_user_atomic, is_lock_timeout, is_transient, retry_transient
+from django_taskclaim.exceptions import LockLost, LockNotAcquired, LockUsageError
+from django_taskclaim.locks.keys import validate_lease_key
+from django_taskclaim.locks.renewer import Renewer
+from django_taskclaim.locks.state import LeaseState
 
 logger = logging.getLogger("django_taskclaim.locks")
 
@@ -130,7 +130,7 @@ class LeaseLock:
         auto_renew: bool | float = False,
     ) -> None:
         # Late: the locks are importable before the app registry is ready; models are not.
-        from ..models import Lease  # deferred: models need the app registry
+        from django_taskclaim.models import Lease  # deferred: models need the app registry
 
         self.key = validate_lease_key(key)
         self.ttl = validate_ttl(ttl)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from django.db import DatabaseError, connections
 
 if TYPE_CHECKING:
-    from .lease import LeaseLock
+    from django_taskclaim.locks.lease import LeaseLock
 
 logger = logging.getLogger("django_taskclaim.locks")
 

@@ -7,10 +7,10 @@ import logging
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, cast
 
-from ..exceptions import LockNotAcquired, LockUsageError
-from .advisory import AdvisoryLock
-from .keys import dotted_path, normalize_key, validate_lease_key
-from .lease import LeaseLock, validate_ttl
+from django_taskclaim.exceptions import LockNotAcquired, LockUsageError
+from django_taskclaim.locks.advisory import AdvisoryLock
+from django_taskclaim.locks.keys import dotted_path, normalize_key, validate_lease_key
+from django_taskclaim.locks.lease import LeaseLock, validate_ttl
 
 logger = logging.getLogger("django_taskclaim.locks")
 

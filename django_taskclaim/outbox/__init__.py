@@ -14,8 +14,8 @@ See ``docs/outbox.md``.
 
 from __future__ import annotations
 
-from .models import KEY_HASH_SPACE, OutboxMessage, key_hash, partition_range
-from .publishers import (
+from django_taskclaim.outbox.models import KEY_HASH_SPACE, OutboxMessage, key_hash, partition_range
+from django_taskclaim.outbox.publishers import (
     KEY_HEADER,
     PUBLISHERS,
     KafkaPublisher,
@@ -26,8 +26,8 @@ from .publishers import (
     RabbitMQPublisher,
     make_publisher,
 )
-from .relay import MAX_PARTITIONS, MESSAGE_ATTEMPTS, Relay, rounds
-from .write import default_outbox_model, outbox_model, outbox_models, publish
+from django_taskclaim.outbox.relay import MAX_PARTITIONS, MESSAGE_ATTEMPTS, Relay, rounds
+from django_taskclaim.outbox.write import default_outbox_model, outbox_model, outbox_models, publish
 
 __all__ = [
     "KEY_HASH_SPACE",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 
-from ..exceptions import ConfigurationError
+from django_taskclaim.exceptions import ConfigurationError
 
 #: Longest AMQP short string (routing key, message id, header name), in bytes.
 AMQP_SHORT_STRING = 255

@@ -20,8 +20,8 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ..exceptions import TaskClaimError
-from .limits import amqp_problem, nats_problem
+from django_taskclaim.exceptions import TaskClaimError
+from django_taskclaim.outbox.limits import amqp_problem, nats_problem
 
 logger = logging.getLogger("django_taskclaim.outbox")
 

@@ -24,15 +24,15 @@ from typing import Any
 from django.db import DatabaseError, close_old_connections, router
 from django.db.models import Min
 
-from .. import bounds
-from ..completion import complete_many
-from ..db import default_worker_id
-from ..exceptions import ClaimLost
-from ..lifecycle import fail, release
-from ..locks import LeaseLock
-from .models import OutboxMessage, partition_range
-from .publishers import MessagesRejected, Publisher, PublishError
-from .write import outbox_model
+from django_taskclaim import bounds
+from django_taskclaim.completion import complete_many
+from django_taskclaim.db import default_worker_id
+from django_taskclaim.exceptions import ClaimLost
+from django_taskclaim.lifecycle import fail, release
+from django_taskclaim.locks import LeaseLock
+from django_taskclaim.outbox.models import OutboxMessage, partition_range
+from django_taskclaim.outbox.publishers import MessagesRejected, Publisher, PublishError
+from django_taskclaim.outbox.write import outbox_model
 
 logger = logging.getLogger("django_taskclaim.outbox")
 

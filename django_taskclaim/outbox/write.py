@@ -9,9 +9,9 @@ from typing import Any
 from django.apps import apps
 from django.db import router
 
-from ..exceptions import ConfigurationError
-from .limits import message_problem
-from .models import OutboxMessage, key_hash, new_idempotency_key
+from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.outbox.limits import message_problem
+from django_taskclaim.outbox.models import OutboxMessage, key_hash, new_idempotency_key
 
 #: Longest topic, key and idempotency key (the columns' lengths).
 MAX_TOPIC = MAX_KEY = 255

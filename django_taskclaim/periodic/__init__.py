@@ -25,7 +25,7 @@ Modules: :mod:`.cron` (the cron syntax), :mod:`.timing` (slots in time zones, DS
 
 from __future__ import annotations
 
-from .registry import (
+from django_taskclaim.periodic.registry import (
     MISSED_POLICIES,
     Due,
     Schedule,

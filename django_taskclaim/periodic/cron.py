@@ -18,7 +18,7 @@ import calendar
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
-from ..exceptions import ConfigurationError
+from django_taskclaim.exceptions import ConfigurationError
 
 __all__ = ["MACROS", "Cron", "parse_cron"]
 

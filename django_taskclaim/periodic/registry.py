@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 from django.db import models
 from django.utils.module_loading import autodiscover_modules
 
-from .. import bounds
-from ..exceptions import ConfigurationError
-from ..options import is_claimable
-from .timing import CronTiming, Timing, parse_timing, parse_zone, zone_name
+from django_taskclaim import bounds
+from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.options import is_claimable
+from django_taskclaim.periodic.timing import CronTiming, Timing, parse_timing, parse_zone, zone_name
 
 __all__ = [
     "MISSED_POLICIES",

@@ -24,9 +24,9 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .. import bounds
-from ..exceptions import ConfigurationError
-from .cron import Cron, parse_cron
+from django_taskclaim import bounds
+from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.periodic.cron import Cron, parse_cron
 
 __all__ = [
     "EVERY",

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import bounds
-from ..backends import for_alias
-from ..exceptions import StrategyNotSupportedError
-from .base import (
+from django_taskclaim import bounds
+from django_taskclaim.backends import for_alias
+from django_taskclaim.exceptions import StrategyNotSupportedError
+from django_taskclaim.strategies.base import (
     RECOVERED_ATTR,
     Strategy,
     candidates,
@@ -32,10 +32,10 @@ from .base import (
     status_recheck,
     was_recovered,
 )
-from .cas import CompareAndSet, read_claimed
-from .postgresql import Advisory, Hold, Serializable, advisory_table_key
-from .skip_locked import SkipLocked
-from .statements import compile_queryset, complete_many_in_one
+from django_taskclaim.strategies.cas import CompareAndSet, read_claimed
+from django_taskclaim.strategies.postgresql import Advisory, Hold, Serializable, advisory_table_key
+from django_taskclaim.strategies.skip_locked import SkipLocked
+from django_taskclaim.strategies.statements import compile_queryset, complete_many_in_one
 
 __all__ = [
     "RECOVERED_ATTR",

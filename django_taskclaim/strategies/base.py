@@ -18,12 +18,12 @@ from django.db import connections, models
 from django.db.models import F, Q
 from django.db.models.expressions import RawSQL
 
-from ..backends import ClaimColumns, for_alias, for_connection
-from ..db import DbNow
-from ..exceptions import ConfigurationError
+from django_taskclaim.backends import ClaimColumns, for_alias, for_connection
+from django_taskclaim.db import DbNow
+from django_taskclaim.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
-    from ..options import ClaimOptions
+    from django_taskclaim.options import ClaimOptions
 
 
 class Strategy:

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, models, transaction
 from django.db.models import sql
 
-from ..backends import for_alias, for_connection
-from ..conf import taskclaim_settings
-from . import keyed
-from .base import (
+from django_taskclaim.backends import for_alias, for_connection
+from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.strategies import keyed
+from django_taskclaim.strategies.base import (
     Strategy,
     _mark_recovered,
     _order_by,
@@ -23,7 +23,7 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from ..options import ClaimOptions
+    from django_taskclaim.options import ClaimOptions
 
 
 class CompareAndSet(Strategy):

@@ -19,14 +19,14 @@ from django.db import IntegrityError, models
 from django.db.models import Count, Exists, F, OuterRef, Q, Subquery, Value
 from django.db.models.functions import Coalesce
 
-from ..backends import for_alias
-from ..claim_meta import SLOT_FIELD
-from ..exceptions import ConfigurationError
-from .base import _order_by, claim_order, claim_updates
+from django_taskclaim.backends import for_alias
+from django_taskclaim.claim_meta import SLOT_FIELD
+from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.strategies.base import _order_by, claim_order, claim_updates
 
 if TYPE_CHECKING:
-    from ..concurrency import ConcurrencyGuard
-    from ..options import ClaimOptions, Concurrency
+    from django_taskclaim.concurrency import ConcurrencyGuard
+    from django_taskclaim.options import ClaimOptions, Concurrency
 
 _GUARDS: dict[type[models.Model], ConcurrencyGuard] = {}
 
@@ -37,7 +37,7 @@ def guard(opts: ClaimOptions) -> ConcurrencyGuard:
     enforces is never claimed."""
     found = _GUARDS.get(opts.model)
     if found is None:
-        from ..concurrency import guard_of  # deferred: cycle, concurrency imports options
+        from django_taskclaim.concurrency import guard_of  # deferred: cycle, concurrency imports options
 
         found = guard_of(opts.model)
         if found is None:

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any, cast
 from django.db import IntegrityError, connections, models, transaction
 from django.db.models import F, IntegerField, Value
 
-from ..backends import PostgreSQL, Statement, for_alias, for_connection
-from ..claim_meta import SLOT_FIELD
-from ..conf import taskclaim_settings
-from ..db import DbNow
-from ..exceptions import StrategyNotSupportedError
-from .base import (
+from django_taskclaim.backends import PostgreSQL, Statement, for_alias, for_connection
+from django_taskclaim.claim_meta import SLOT_FIELD
+from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.db import DbNow
+from django_taskclaim.exceptions import StrategyNotSupportedError
+from django_taskclaim.strategies.base import (
     _mark_recovered,
     _sort,
     apply_claim,
@@ -36,8 +36,8 @@ from .base import (
     read_claimed,
     status_recheck,
 )
-from .key_slots import _GUARDS as _GUARDS
-from .key_slots import (
+from django_taskclaim.strategies.key_slots import _GUARDS as _GUARDS
+from django_taskclaim.strategies.key_slots import (
     _ahead,
     _busy,
     _by_slot,
@@ -49,10 +49,10 @@ from .key_slots import (
     is_key_conflict,
     keyed_candidates,
 )
-from .statements import _instances, claim_gate, compile_queryset, fetch_claimed
+from django_taskclaim.strategies.statements import _instances, claim_gate, compile_queryset, fetch_claimed
 
 if TYPE_CHECKING:
-    from ..options import ClaimOptions, Concurrency
+    from django_taskclaim.options import ClaimOptions, Concurrency
 
 #: Claims run again after losing a race for a key to another claimer; after these, the
 #: claim returns what it has (maybe nothing) and the caller claims again later.

@@ -6,15 +6,15 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, models, transaction
 
-from ..backends import PostgreSQL, for_alias
-from ..backends.postgresql import table_key
-from . import keyed
-from .base import Strategy
-from .skip_locked import SkipLocked
-from .statements import _claim_returning, _compiled_candidates
+from django_taskclaim.backends import PostgreSQL, for_alias
+from django_taskclaim.backends.postgresql import table_key
+from django_taskclaim.strategies import keyed
+from django_taskclaim.strategies.base import Strategy
+from django_taskclaim.strategies.skip_locked import SkipLocked
+from django_taskclaim.strategies.statements import _claim_returning, _compiled_candidates
 
 if TYPE_CHECKING:
-    from ..options import ClaimOptions
+    from django_taskclaim.options import ClaimOptions
 
 
 def advisory_table_key(model: type[models.Model]) -> int:

@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, transaction
 
-from ..backends import for_connection
-from ..db import DbNow
-from . import keyed
-from .base import Strategy, _mark_recovered, _order_by, apply_claim, claim_updates
-from .statements import _claim_returning, _compiled_candidates
+from django_taskclaim.backends import for_connection
+from django_taskclaim.db import DbNow
+from django_taskclaim.strategies import keyed
+from django_taskclaim.strategies.base import Strategy, _mark_recovered, _order_by, apply_claim, claim_updates
+from django_taskclaim.strategies.statements import _claim_returning, _compiled_candidates
 
 if TYPE_CHECKING:
-    from ..options import ClaimOptions
+    from django_taskclaim.options import ClaimOptions
 
 
 class SkipLocked(Strategy):

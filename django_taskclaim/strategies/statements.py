@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any, cast
 from django.conf import settings
 from django.db import connections, models, transaction
 
-from ..backends import Statement, for_connection
-from .base import RECOVERED_ATTR, _sort, candidates, claim_columns, column
+from django_taskclaim.backends import Statement, for_connection
+from django_taskclaim.strategies.base import RECOVERED_ATTR, _sort, candidates, claim_columns, column
 
 if TYPE_CHECKING:
-    from ..options import ClaimOptions
+    from django_taskclaim.options import ClaimOptions
 
 
 def compile_queryset(qs: models.QuerySet) -> tuple[str, tuple[Any, ...]]:

@@ -29,9 +29,9 @@ for the diagram and the life of a task through them):
 
 from __future__ import annotations
 
-from ..lifecycle import TaskAborted
-from .config import WorkerConfig
-from .exits import (
+from django_taskclaim.lifecycle import TaskAborted
+from django_taskclaim.worker.config import WorkerConfig
+from django_taskclaim.worker.exits import (
     EXIT_BROKEN,
     EXIT_CODES,
     EXIT_CONFIG,
@@ -41,8 +41,8 @@ from .exits import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
-from .process import Worker
-from .registry import silent_after, silent_workers
+from django_taskclaim.worker.process import Worker
+from django_taskclaim.worker.registry import silent_after, silent_workers
 
 __all__ = [
     "EXIT_BROKEN",

@@ -24,13 +24,13 @@ from typing import Any
 
 from django.db import DatabaseError
 
-from ..exceptions import ClaimLost
-from ..lifecycle import complete_many, complete_pending
-from ..transitions import Outcome, fail
-from ..types import Claimable
-from ..writes import storable_text
-from .dbconn import backoff, close, connection_trouble, one_line
-from .ledger import Ledger
+from django_taskclaim.exceptions import ClaimLost
+from django_taskclaim.lifecycle import complete_many, complete_pending
+from django_taskclaim.transitions import Outcome, fail
+from django_taskclaim.types import Claimable
+from django_taskclaim.writes import storable_text
+from django_taskclaim.worker.dbconn import backoff, close, connection_trouble, one_line
+from django_taskclaim.worker.ledger import Ledger
 
 logger = logging.getLogger("django_taskclaim.worker")
 

@@ -29,12 +29,12 @@ from typing import Any
 from django.db import DatabaseError, connections
 from django.db.models import F, Model, Q
 
-from ..options import get_options
-from ..strategies import was_recovered
-from .acks import Acks
-from .config import WorkerConfig
-from .dbconn import backoff, close, drop_stale, one_line, pause
-from .ledger import SHARES_ATTR, Ledger, runs_alone
+from django_taskclaim.options import get_options
+from django_taskclaim.strategies import was_recovered
+from django_taskclaim.worker.acks import Acks
+from django_taskclaim.worker.config import WorkerConfig
+from django_taskclaim.worker.dbconn import backoff, close, drop_stale, one_line, pause
+from django_taskclaim.worker.ledger import SHARES_ATTR, Ledger, runs_alone
 
 logger = logging.getLogger("django_taskclaim.worker")
 

@@ -25,19 +25,19 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from ..exceptions import ClaimLost, Retry
-from ..lifecycle import Attempt, Outcome, TaskAborted, attempt, cancel_flag, settle
-from ..options import get_options
-from ..transitions import RETRY_IN_ATTR
-from ..types import Claimable, model_of
-from ..writes import storable_text
-from .acks import Acks, fail_unstorable
-from .aio import EventLoop
-from .bodies import Body
-from .config import WorkerConfig
-from .dbconn import backoff, close, connection_trouble, drop_stale, one_line
-from .exits import CRASH_WINDOW, MAX_CRASHES
-from .ledger import Ledger, runs_alone
+from django_taskclaim.exceptions import ClaimLost, Retry
+from django_taskclaim.lifecycle import Attempt, Outcome, TaskAborted, attempt, cancel_flag, settle
+from django_taskclaim.options import get_options
+from django_taskclaim.transitions import RETRY_IN_ATTR
+from django_taskclaim.types import Claimable, model_of
+from django_taskclaim.writes import storable_text
+from django_taskclaim.worker.acks import Acks, fail_unstorable
+from django_taskclaim.worker.aio import EventLoop
+from django_taskclaim.worker.bodies import Body
+from django_taskclaim.worker.config import WorkerConfig
+from django_taskclaim.worker.dbconn import backoff, close, connection_trouble, drop_stale, one_line
+from django_taskclaim.worker.exits import CRASH_WINDOW, MAX_CRASHES
+from django_taskclaim.worker.ledger import Ledger, runs_alone
 
 logger = logging.getLogger("django_taskclaim.worker")
 

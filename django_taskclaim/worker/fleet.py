@@ -23,16 +23,16 @@ from typing import Any
 from django.conf import settings
 from django.db import router
 
-from ..conf import taskclaim_settings
-from ..exceptions import ConfigurationError
-from .config import WorkerConfig
+from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.worker.config import WorkerConfig
 
 
 def schedule_home() -> str:
     """The database periodic slots (and their runs) are enqueued in: the alias
     ``router.db_for_write`` names for ``taskclaim.PeriodicSlot`` (``default`` without
     routers). Every worker derives the same one, so one fleet fires each slot once."""
-    from ..models import PeriodicSlot  # deferred: models need the app registry
+    from django_taskclaim.models import PeriodicSlot  # deferred: models need the app registry
 
     return router.db_for_write(PeriodicSlot) or "default"
 

@@ -12,10 +12,10 @@ from typing import Any
 from django.db import DatabaseError
 from django.db.models import Model
 
-from ..exceptions import ClaimLost
-from ..notify import notify
-from .dbconn import close, one_line
-from .ledger import Ledger
+from django_taskclaim.exceptions import ClaimLost
+from django_taskclaim.notify import notify
+from django_taskclaim.worker.dbconn import close, one_line
+from django_taskclaim.worker.ledger import Ledger
 
 logger = logging.getLogger("django_taskclaim.worker")
 

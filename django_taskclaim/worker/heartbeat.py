@@ -32,13 +32,13 @@ from typing import Any
 from django.db import DatabaseError
 from django.db.models import Model
 
-from ..lifecycle import cancel_flag
-from ..options import get_options
-from ..querysets import ClaimQuerySet
-from .acks import Acks
-from .dbconn import close, one_line
-from .ledger import Ledger
-from .registry import REGISTRY_INTERVAL, Registry
+from django_taskclaim.lifecycle import cancel_flag
+from django_taskclaim.options import get_options
+from django_taskclaim.querysets import ClaimQuerySet
+from django_taskclaim.worker.acks import Acks
+from django_taskclaim.worker.dbconn import close, one_line
+from django_taskclaim.worker.ledger import Ledger
+from django_taskclaim.worker.registry import REGISTRY_INTERVAL, Registry
 
 logger = logging.getLogger("django_taskclaim.worker")
 

@@ -18,8 +18,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ..strategies import was_recovered
-from ..types import Claimable
+from django_taskclaim.strategies import was_recovered
+from django_taskclaim.types import Claimable
 
 #: Set by the claimer on a recovered row that may run beside other rows (a crash of its
 #: process could not use up its attempts: see :func:`~.claimer.may_share`); the ledger

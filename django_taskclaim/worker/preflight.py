@@ -26,9 +26,9 @@ from django.apps import apps
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router
 from django.db.models import Model
 
-from ..backends import for_alias
-from ..exceptions import TaskClaimError
-from .dbconn import backoff, close, one_line
+from django_taskclaim.backends import for_alias
+from django_taskclaim.exceptions import TaskClaimError
+from django_taskclaim.worker.dbconn import backoff, close, one_line
 
 logger = logging.getLogger("django_taskclaim.worker")
 

@@ -39,14 +39,14 @@ from typing import Any
 from django.db import DatabaseError, connections
 from django.db.models import Model
 
-from ..db import default_worker_id
-from ..notify import Listener
-from ..strategies import was_recovered
-from .acks import Acks
-from .claimer import Claimer
-from .config import WorkerConfig
-from .executors import Executors
-from .exits import (
+from django_taskclaim.db import default_worker_id
+from django_taskclaim.notify import Listener
+from django_taskclaim.strategies import was_recovered
+from django_taskclaim.worker.acks import Acks
+from django_taskclaim.worker.claimer import Claimer
+from django_taskclaim.worker.config import WorkerConfig
+from django_taskclaim.worker.executors import Executors
+from django_taskclaim.worker.exits import (
     EXIT_BROKEN,
     EXIT_CONFIG,
     EXIT_FORCED,
@@ -54,10 +54,10 @@ from .exits import (
     EXIT_OK,
     EXIT_UNAVAILABLE,
 )
-from .handback import Handback
-from .heartbeat import Heartbeat
-from .ledger import Ledger
-from .preflight import (
+from django_taskclaim.worker.handback import Handback
+from django_taskclaim.worker.heartbeat import Heartbeat
+from django_taskclaim.worker.ledger import Ledger
+from django_taskclaim.worker.preflight import (
     BURST_WAIT,
     DatabaseMissingError,
     DatabaseUnavailableError,
@@ -65,10 +65,10 @@ from .preflight import (
     describe_problems,
     wait_for_database,
 )
-from .reaping import Reaping, reap_before_burst
-from .registry import Registry
-from .scheduler import Scheduler
-from .scope import Scope
+from django_taskclaim.worker.reaping import Reaping, reap_before_burst
+from django_taskclaim.worker.registry import Registry
+from django_taskclaim.worker.scheduler import Scheduler
+from django_taskclaim.worker.scope import Scope
 
 logger = logging.getLogger("django_taskclaim.worker")
 

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from django.db import DatabaseError
 from django.db.models import Model
 
-from ..conf import taskclaim_settings
-from ..locks import LeaseLock
-from ..reaper import recover
-from .dbconn import close, one_line
+from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.locks import LeaseLock
+from django_taskclaim.reaper import recover
+from django_taskclaim.worker.dbconn import close, one_line
 
 logger = logging.getLogger("django_taskclaim.worker")
 

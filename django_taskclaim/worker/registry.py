@@ -16,11 +16,11 @@ from typing import Any
 from django.db import DatabaseError, router
 from django.db.models import Model
 
-from ..db import DbNow
-from ..monitoring import live_worker_q, silent_worker_q
-from ..monitoring import silent_after as silent_after  # re-exported by the worker package
-from .dbconn import close, connection_trouble, one_line
-from .ledger import Ledger
+from django_taskclaim.db import DbNow
+from django_taskclaim.monitoring import live_worker_q, silent_worker_q
+from django_taskclaim.monitoring import silent_after as silent_after  # re-exported by the worker package
+from django_taskclaim.worker.dbconn import close, connection_trouble, one_line
+from django_taskclaim.worker.ledger import Ledger
 
 logger = logging.getLogger("django_taskclaim.worker")
 
@@ -29,7 +29,7 @@ REGISTRY_INTERVAL = 10.0
 
 
 def worker_model() -> type[Model]:
-    from ..models import WorkerProcess  # deferred: models need the app registry
+    from django_taskclaim.models import WorkerProcess  # deferred: models need the app registry
 
     return WorkerProcess
 

@@ -17,9 +17,9 @@ import threading
 from django.db import DatabaseError
 from django.db.models import Model
 
-from ..monitoring import db_now
-from ..periodic import discover, schedules
-from .dbconn import backoff, close, one_line
+from django_taskclaim.monitoring import db_now
+from django_taskclaim.periodic import discover, schedules
+from django_taskclaim.worker.dbconn import backoff, close, one_line
 
 logger = logging.getLogger("django_taskclaim.worker")
 
@@ -44,7 +44,7 @@ class Scheduler(threading.Thread):
         served: list[type[Model]],
     ) -> None:
         super().__init__(name="taskclaim-scheduler", daemon=True)
-        from ..periodic.slots import Planner  # deferred: models need the app registry
+        from django_taskclaim.periodic.slots import Planner  # deferred: models need the app registry
 
         discover()
         self.schedules = schedules()

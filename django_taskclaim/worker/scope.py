@@ -10,13 +10,13 @@ from typing import Any
 from django.db import connections
 from django.db.models import Min, Model
 
-from ..backends import for_alias, for_connection
-from ..conf import taskclaim_settings
-from ..monitoring import db_now
-from ..options import get_options
-from ..querysets import ClaimQuerySet
-from ..strategies import resolve
-from .config import WorkerConfig
+from django_taskclaim.backends import for_alias, for_connection
+from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.monitoring import db_now
+from django_taskclaim.options import get_options
+from django_taskclaim.querysets import ClaimQuerySet
+from django_taskclaim.strategies import resolve
+from django_taskclaim.worker.config import WorkerConfig
 
 
 class Scope:

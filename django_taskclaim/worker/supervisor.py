@@ -39,12 +39,12 @@ from typing import Any
 
 from django.db import connections
 
-from ..db import default_worker_id
-from ..reaper import release_worker
-from .config import WorkerConfig
-from .exits import EXIT_FORCED, EXIT_OK, EXIT_UNAVAILABLE
-from .process import PARENT_DEATH_SIGNAL, Worker
-from .registry import mark_stopped
+from django_taskclaim.db import default_worker_id
+from django_taskclaim.reaper import release_worker
+from django_taskclaim.worker.config import WorkerConfig
+from django_taskclaim.worker.exits import EXIT_FORCED, EXIT_OK, EXIT_UNAVAILABLE
+from django_taskclaim.worker.process import PARENT_DEATH_SIGNAL, Worker
+from django_taskclaim.worker.registry import mark_stopped
 
 logger = logging.getLogger("django_taskclaim.supervisor")
 

@@ -15,9 +15,9 @@ from django.db import connections
 
 from django_taskclaim.exceptions import ConfigurationError
 
-from .lab import RaceLab
-from .report import format_table
-from .techniques import technique_names
+from django_taskclaim.contrib.racelab.lab import RaceLab
+from django_taskclaim.contrib.racelab.report import format_table
+from django_taskclaim.contrib.racelab.techniques import technique_names
 
 
 def build_lab(

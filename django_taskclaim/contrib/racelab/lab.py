@@ -22,10 +22,10 @@ from django.db import DatabaseError, IntegrityError, connections
 from django_taskclaim.db import is_transient
 from django_taskclaim.exceptions import ConfigurationError
 
-from .apps import LABEL
-from .models import LAB_MODELS, LabTask
-from .report import LabResult
-from .techniques import TECHNIQUES, Context, Technique, get_technique
+from django_taskclaim.contrib.racelab.apps import LABEL
+from django_taskclaim.contrib.racelab.models import LAB_MODELS, LabTask
+from django_taskclaim.contrib.racelab.report import LabResult
+from django_taskclaim.contrib.racelab.techniques import TECHNIQUES, Context, Technique, get_technique
 
 logger = logging.getLogger("django_taskclaim.racelab")
 

@@ -11,7 +11,7 @@ from django.db import models
 
 from django_taskclaim.mixins import ClaimableModel, claim_indexes
 
-from .apps import RaceLabConfig
+from django_taskclaim.contrib.racelab.apps import RaceLabConfig
 
 if not apps.is_installed(RaceLabConfig.name):
     # Django would file these models under the enclosing installed app (``taskclaim``,

@@ -21,7 +21,7 @@ from django_taskclaim.db import DbNow
 from django_taskclaim.exceptions import ClaimLost
 from django_taskclaim.strategies import STRATEGIES
 
-from .models import LabBatchLock, LabInsertLock, LabLease, LabTask
+from django_taskclaim.contrib.racelab.models import LabBatchLock, LabInsertLock, LabLease, LabTask
 
 
 @dataclass

@@ -13,7 +13,7 @@ On Django < 6.0 importing this package raises ``ImproperlyConfigured`` with the 
 
 from typing import Any
 
-from .apps import check_django_version
+from django_taskclaim.contrib.tasks.apps import check_django_version
 
 check_django_version()
 
@@ -25,7 +25,7 @@ __all__ = ["aenqueue_unique", "enqueue_unique", "unique_key_for"]
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from . import backend  # deferred: loaded on first use, importing the app stays cheap
+        from django_taskclaim.contrib.tasks import backend  # deferred: loaded on first use, importing the app stays cheap
 
         return getattr(backend, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,7 +16,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_taskclaim.admin import ClaimableAdminMixin
 
-from .models import QueuedTask
+from django_taskclaim.contrib.tasks.models import QueuedTask
 
 
 def _pretty(value: Any) -> str:

@@ -22,12 +22,12 @@ from django.tasks.exceptions import InvalidTaskBackend
 from django.tasks.signals import log_task_finished, log_task_started, task_finished, task_started
 from django.utils.log import RequireDebugFalse, RequireDebugTrue
 
-from .backend import TaskClaimBackend
-from .results import to_result
+from django_taskclaim.contrib.tasks.backend import TaskClaimBackend
+from django_taskclaim.contrib.tasks.results import to_result
 
 if TYPE_CHECKING:
-    from .calling import Plan
-    from .models import QueuedTask
+    from django_taskclaim.contrib.tasks.calling import Plan
+    from django_taskclaim.contrib.tasks.models import QueuedTask
 
 
 def backend_for(alias: str) -> TaskClaimBackend | None:

@@ -16,7 +16,7 @@ from django.tasks import Task
 from django.tasks.exceptions import InvalidTask
 from django.utils.json import normalize_json
 
-from .exceptions import InvalidTaskArguments
+from django_taskclaim.contrib.tasks.exceptions import InvalidTaskArguments
 
 
 def encode_arguments(task: Task, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
@@ -63,13 +63,13 @@ def unique_key_for(task: Task, args_json: list[Any], kwargs_json: dict[str, Any]
         separators=(",", ":"),
     )
     digest = hashlib.sha256(body.encode()).hexdigest()
-    from .models import UNIQUE_KEY_MAX_LENGTH  # deferred: models need the app registry
+    from django_taskclaim.contrib.tasks.models import UNIQUE_KEY_MAX_LENGTH  # deferred: models need the app registry
 
     return f"{task.module_path}:{digest}"[-UNIQUE_KEY_MAX_LENGTH:]
 
 
 def _check_key(key: Any) -> None:
-    from .models import UNIQUE_KEY_MAX_LENGTH  # deferred: models need the app registry
+    from django_taskclaim.contrib.tasks.models import UNIQUE_KEY_MAX_LENGTH  # deferred: models need the app registry
 
     if not isinstance(key, str) or not key or len(key) > UNIQUE_KEY_MAX_LENGTH:
         raise InvalidTask(

@@ -30,12 +30,12 @@ from django_taskclaim.conf import taskclaim_settings
 from django_taskclaim.db import DbNow, retry_transient
 from django_taskclaim.unique import insert_unique
 
-from .arguments import _check_key, encode_arguments, unique_key_for
-from .exceptions import InvalidTaskValue
-from .results import to_result
+from django_taskclaim.contrib.tasks.arguments import _check_key, encode_arguments, unique_key_for
+from django_taskclaim.contrib.tasks.exceptions import InvalidTaskValue
+from django_taskclaim.contrib.tasks.results import to_result
 
 if TYPE_CHECKING:
-    from .models import QueuedTask
+    from django_taskclaim.contrib.tasks.models import QueuedTask
 
 logger = logging.getLogger("django_taskclaim.tasks")
 
@@ -74,7 +74,7 @@ def _number(value: Any, name: str, *, low: float, high: float | None = None) -> 
 
 
 def _max_attempts(value: Any, where: str) -> int:
-    from .models import MAX_ATTEMPTS_CEILING  # deferred: models need the app registry
+    from django_taskclaim.contrib.tasks.models import MAX_ATTEMPTS_CEILING  # deferred: models need the app registry
 
     if (
         isinstance(value, bool)
@@ -169,7 +169,7 @@ class TaskClaimBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
-        from .models import NAME_MAX_LENGTH  # deferred: models need the app registry
+        from django_taskclaim.contrib.tasks.models import NAME_MAX_LENGTH  # deferred: models need the app registry
 
         unknown = sorted(set(self.options) - set(OPTION_NAMES))
         if unknown:
@@ -203,7 +203,7 @@ class TaskClaimBackend(BaseTaskBackend):
                 f"TASKS[{self.alias!r}] uses {type(self).__name__}: add {APP!r} to "
                 "INSTALLED_APPS and run migrate"
             )
-        from .models import QueuedTask  # deferred: models need the app registry
+        from django_taskclaim.contrib.tasks.models import QueuedTask  # deferred: models need the app registry
 
         return QueuedTask
 
@@ -263,7 +263,7 @@ class TaskClaimBackend(BaseTaskBackend):
                 f"allowed queues are {', '.join(sorted(map(repr, self.queues)))} "
                 f"(TASKS[{self.alias!r}]['QUEUES'])"
             )
-        from .models import NAME_MAX_LENGTH  # deferred: models need the app registry
+        from django_taskclaim.contrib.tasks.models import NAME_MAX_LENGTH  # deferred: models need the app registry
 
         if not isinstance(task.queue_name, str) or len(task.queue_name) > NAME_MAX_LENGTH:
             raise InvalidTask(

@@ -20,11 +20,11 @@ from asgiref.sync import async_to_sync
 from django.tasks import Task, TaskContext, TaskResult
 from django.utils.json import normalize_json
 
-from .exceptions import ArgumentsUndecodable
-from .results import import_task, task_for_row
+from django_taskclaim.contrib.tasks.exceptions import ArgumentsUndecodable
+from django_taskclaim.contrib.tasks.results import import_task, task_for_row
 
 if TYPE_CHECKING:
-    from .models import QueuedTask
+    from django_taskclaim.contrib.tasks.models import QueuedTask
 
 
 class Binder:

@@ -24,11 +24,11 @@ from django_taskclaim.monitoring import db_now
 from django_taskclaim.options import get_options, retry_delay
 from django_taskclaim.writes import format_error
 
-from . import announce
-from .exceptions import WorkerLost
+from django_taskclaim.contrib.tasks import announce
+from django_taskclaim.contrib.tasks.exceptions import WorkerLost
 
 if TYPE_CHECKING:
-    from .models import QueuedTask
+    from django_taskclaim.contrib.tasks.models import QueuedTask
 
 logger = logging.getLogger("django_taskclaim.tasks")
 
@@ -46,7 +46,7 @@ def backoff(alias: str, attempts: int) -> float:
     """
     backend = announce.backend_for(alias)
     if backend is None:
-        from .models import QueuedTask  # deferred: models need the app registry
+        from django_taskclaim.contrib.tasks.models import QueuedTask  # deferred: models need the app registry
 
         return get_options(QueuedTask).backoff(attempts)
     base, cap, jitter = backend.retry_settings()

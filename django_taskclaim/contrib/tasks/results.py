@@ -14,7 +14,7 @@ from django.utils.module_loading import import_string
 
 from django_taskclaim.options import get_options
 
-from .exceptions import TaskUnavailable
+from django_taskclaim.contrib.tasks.exceptions import TaskUnavailable
 
 #: Logical claim state of a row -> status of its ``TaskResult``.
 STATUS_MAP = {

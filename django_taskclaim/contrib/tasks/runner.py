@@ -14,12 +14,12 @@ from functools import partial
 from django_taskclaim.exceptions import Fail
 from django_taskclaim.lifecycle import BatchableResult
 
-from . import announce
-from .announce import DJANGO_LOG_ONLY, NOBODY, RECEIVERS, audience, log_would_emit
-from .calling import Binder, Plan, decode, plan_for, storable
-from .exceptions import ArgumentsUndecodable, ReturnValueNotSerializable, TaskUnavailable
-from .models import QueuedTask
-from .outcomes import (
+from django_taskclaim.contrib.tasks import announce
+from django_taskclaim.contrib.tasks.announce import DJANGO_LOG_ONLY, NOBODY, RECEIVERS, audience, log_would_emit
+from django_taskclaim.contrib.tasks.calling import Binder, Plan, decode, plan_for, storable
+from django_taskclaim.contrib.tasks.exceptions import ArgumentsUndecodable, ReturnValueNotSerializable, TaskUnavailable
+from django_taskclaim.contrib.tasks.models import QueuedTask
+from django_taskclaim.contrib.tasks.outcomes import (
     MAX_ERRORS,
     backoff,
     error_entry,
@@ -28,8 +28,8 @@ from .outcomes import (
     lost_attempts,
     success_fields,
 )
-from .outcomes import start as _start
-from .results import to_result
+from django_taskclaim.contrib.tasks.outcomes import start as _start
+from django_taskclaim.contrib.tasks.results import to_result
 
 #: Kept under the names they had before the runner was split.
 _Binder = Binder

@@ -1,6 +1,6 @@
 """``manage.py reaper``: the same command as ``taskclaim_reap``."""
 
-from .taskclaim_reap import Command as ReapCommand
+from django_taskclaim.management.commands.taskclaim_reap import Command as ReapCommand
 
 
 class Command(ReapCommand):

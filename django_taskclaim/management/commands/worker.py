@@ -4,7 +4,7 @@ If another installed app also ships a ``worker`` command, Django runs the one of
 listed first in ``INSTALLED_APPS``; ``taskclaim_worker`` always reaches this one.
 """
 
-from .taskclaim_worker import Command as WorkerCommand
+from django_taskclaim.management.commands.taskclaim_worker import Command as WorkerCommand
 
 
 class Command(WorkerCommand):
