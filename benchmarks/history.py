@@ -213,7 +213,7 @@ def main() -> None:
     from django.core.management import call_command
     from django.db import connection
 
-    from django_taskclaim.archive import archive_finished
+    from django_taskclaim.recovery.archive import archive_finished
     from tests.archiveapp.models import Report, ReportArchive
 
     call_command("migrate", verbosity=0)

@@ -91,7 +91,7 @@ from benchmarks.run import (  # noqa: E402
     worker_argv,
     worker_available,
 )
-from django_taskclaim.notify_trigger import sync_notify_triggers  # noqa: E402
+from django_taskclaim.wakeup.trigger import sync_notify_triggers  # noqa: E402
 
 VAR = ROOT / "var"
 LATEST = VAR / "bench-peers.json"

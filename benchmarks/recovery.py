@@ -17,7 +17,7 @@ SIGKILLed (or as a supervisor writes it for a child it saw die): ``status = read
 lost lease (here one second in the past), ``last_error`` saying why (the "alone" rows:
 ``attempts = 3``, as after three crashes). A claim tells a
 recovered row only by that ``locked_until`` on a ready row
-(:func:`django_taskclaim.strategies.was_recovered`), so the worker's path is the one
+(:func:`django_taskclaim.claim.was_recovered`), so the worker's path is the one
 it takes after a real crash, without the minutes of leases and kills it would cost to
 get 2,000 rows there for real. Fresh rows are the same rows with ``locked_until`` NULL
 and ``attempts = 0``.

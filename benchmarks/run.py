@@ -50,7 +50,7 @@ from django.test.utils import CaptureQueriesContext, override_settings  # noqa: 
 
 from benchmarks.benchapp.models import BenchTask  # noqa: E402
 from django_taskclaim.db import DbNow  # noqa: E402
-from django_taskclaim.lifecycle import run_task  # noqa: E402
+from django_taskclaim.settle.outcome import run_task  # noqa: E402
 
 LABEL = "benchapp.BenchTask"
 NOTIFY_HOOKED = True
@@ -810,14 +810,14 @@ def idle_worker(alias: str, *, notify: bool | str, poll: float) -> Iterator[subp
 def _notify_hooked() -> bool:
     from django.db.models.signals import post_save
 
-    from django_taskclaim import notify
+    from django_taskclaim.wakeup import notify
 
     return any(key[0] == notify._DISPATCH_UID for key, *_ in post_save.receivers)
 
 
 def enqueue(alias: str) -> tuple[int, float]:
     """Insert one task the way users do (``create()``); returns (pk, time.time() before)."""
-    from django_taskclaim import notify
+    from django_taskclaim.wakeup import notify
 
     t0 = time.time()
     task = BenchTask.objects.using(alias).create(stamp=True)
@@ -884,7 +884,7 @@ def bench_wakeup_and_idle(args: argparse.Namespace, alias: str) -> dict[str, Any
 def bench_reaper(
     args: argparse.Namespace, alias: str, batch_size: int | None = None
 ) -> dict[str, Any]:
-    from django_taskclaim.reaper import reap
+    from django_taskclaim.recovery.reap import reap
 
     totals, longest = [], []
     for _ in range(args.repeat):
@@ -898,7 +898,7 @@ def bench_reaper(
             raise RuntimeError(f"reaped {result.total} of {args.reap_rows}")
         longest.append(max(float(q["time"]) for q in ctx.captured_queries))
         statements = len(ctx.captured_queries)
-    from django_taskclaim.conf import taskclaim_settings
+    from django_taskclaim.config.settings import taskclaim_settings
 
     out = {
         "vendor": vendor(alias),

@@ -11,15 +11,17 @@ class TaskClaimConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_migrate, pre_migrate
 
-        from django_taskclaim import checks, lock_checks  # noqa: F401  (register the system checks)
-        from django_taskclaim.notify import connect_signals  # deferred: connected once the app registry is ready
-        from django_taskclaim.notify_trigger import on_post_migrate, on_pre_migrate
+        from django_taskclaim.checks import core as checks  # noqa: F401  (register the system checks)
+        from django_taskclaim.wakeup.notify import (
+            connect_signals,  # deferred: connected once the app registry is ready
+        )
+        from django_taskclaim.wakeup.trigger import on_post_migrate, on_pre_migrate
 
         connect_signals()
         # Triggers are set aside while migrations run (they pin the columns they read).
         pre_migrate.connect(
-            on_pre_migrate, sender=self, dispatch_uid="django_taskclaim.notify_trigger.pre"
+            on_pre_migrate, sender=self, dispatch_uid="django_taskclaim.wakeup.trigger.pre"
         )
         post_migrate.connect(
-            on_post_migrate, sender=self, dispatch_uid="django_taskclaim.notify_trigger"
+            on_post_migrate, sender=self, dispatch_uid="django_taskclaim.wakeup.trigger"
         )

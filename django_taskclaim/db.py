@@ -20,7 +20,7 @@ from django.db import DatabaseError, connections
 from django.db.models.functions import Now
 
 from django_taskclaim.backends import for_alias, for_connection
-from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.config.settings import taskclaim_settings
 
 logger = logging.getLogger("django_taskclaim.db")
 

@@ -74,7 +74,9 @@ class Retry(Exception):
     def __init__(self, delay: float | timedelta | None = None, reason: str = "") -> None:
         seconds: float | None = None
         if delay is not None:
-            from django_taskclaim import bounds  # deferred: cycle, bounds imports ConfigurationError from here
+            from django_taskclaim.config import (
+                bounds,  # deferred: cycle, bounds imports ConfigurationError from here
+            )
 
             seconds = bounds.number(
                 delay, "Retry delay", bounds.RETRY_DELAY, seconds=True, error=ValueError

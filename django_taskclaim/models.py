@@ -1,7 +1,7 @@
 """Models of the app itself: the lease-lock table, the worker registry, and the periodic
 work records (the slots enqueued, and the runs of periodic functions).
 
-The abstract mixins users put on their own models live in :mod:`django_taskclaim.mixins`
+The abstract mixins users put on their own models live in :mod:`django_taskclaim.model.mixins`
 and are re-exported here, so ``from django_taskclaim.models import ClaimableModel`` works.
 """
 
@@ -14,7 +14,7 @@ from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from django_taskclaim.db import DbNow
-from django_taskclaim.mixins import (
+from django_taskclaim.model.mixins import (
     ClaimableMixin,
     ClaimableModel,
     ClaimFieldsMixin,
@@ -138,6 +138,8 @@ class PeriodicRun(ClaimableModel):
     def process(self) -> Any:
         """Call the function (with this row if it takes an argument); see
         :func:`django_taskclaim.periodic.slots.run_function`."""
-        from django_taskclaim.periodic.slots import run_function  # deferred: cycle, slots imports these models
+        from django_taskclaim.periodic.slots import (
+            run_function,  # deferred: cycle, slots imports these models
+        )
 
         return run_function(self)

@@ -23,7 +23,7 @@ def main() -> None:
     from django.db import DatabaseError, transaction
 
     from django_taskclaim.db import retry_transient
-    from django_taskclaim.unique import UniqueKeyRaceError
+    from django_taskclaim.model.unique import UniqueKeyRaceError
     from tests.helpers import wait_for
     from tests.uniqueapp.models import Export
 

@@ -15,7 +15,7 @@ from django.core.management import CommandError, call_command
 
 from django_taskclaim.db import DbNow
 from django_taskclaim.models import WorkerProcess
-from django_taskclaim.monitoring import prune
+from django_taskclaim.ops.figures import prune
 from tests.helpers import child_env
 from tests.testapp.models import Document, Job
 

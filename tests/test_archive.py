@@ -19,11 +19,11 @@ from django.db import connection, connections, models
 from django.db.models import F
 from django.test.utils import isolate_apps
 
-from django_taskclaim.archive import archive_finished, archive_of, archive_problems
+from django_taskclaim.config.options import claimable_models, is_archive, resolve_model
 from django_taskclaim.db import DbNow
 from django_taskclaim.exceptions import ConfigurationError, NotClaimableError
 from django_taskclaim.models import ClaimableModel
-from django_taskclaim.options import claimable_models, is_archive, resolve_model
+from django_taskclaim.recovery.archive import archive_finished, archive_of, archive_problems
 from tests.archiveapp.models import Receipt, ReceiptArchive, Report, ReportArchive, Shelf
 
 OLD = timedelta(days=10)
@@ -72,11 +72,11 @@ def test_an_archive_is_never_claimed():
 
 
 def test_checks_refuse_an_archive_that_cannot_take_the_rows(monkeypatch):
-    from django_taskclaim.checks import check_models
+    from django_taskclaim.checks.core import check_models
 
     with isolate_apps("tests.archiveapp") as registry:
         # Labels resolve, and claimable models are found, in the isolated registry.
-        monkeypatch.setattr("django_taskclaim.options.apps", registry)
+        monkeypatch.setattr("django_taskclaim.config.options.apps", registry)
 
         class Ticket(ClaimableModel):
             note = models.CharField(max_length=10)

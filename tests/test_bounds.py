@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 from django.core.management.base import CommandError
 
-from django_taskclaim import bounds
-from django_taskclaim.conf import DEFAULTS
+from django_taskclaim.config import bounds
+from django_taskclaim.config.settings import DEFAULTS
 from django_taskclaim.exceptions import ConfigurationError
 
 ALL = [
@@ -95,7 +95,7 @@ def test_the_worker_and_the_settings_agree_where_they_share_an_option():
 def test_claim_options_are_kept_per_model_and_dropped_when_a_setting_changes():
     from django.test import override_settings
 
-    from django_taskclaim.options import get_options
+    from django_taskclaim.config.options import get_options
     from tests.testapp.models import Document
 
     assert not hasattr(Document.ClaimMeta, "max_attempts")  # it follows the setting

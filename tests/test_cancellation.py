@@ -11,8 +11,8 @@ from datetime import timedelta
 
 import pytest
 
-from django_taskclaim.monitoring import db_now
-from django_taskclaim.reaper import release_worker
+from django_taskclaim.ops.figures import db_now
+from django_taskclaim.recovery.reap import release_worker
 from tests.asyncapp.models import AsyncDocument, Mark
 from tests.helpers import wait_for
 from tests.testapp.models import Document, Ledger

@@ -6,8 +6,8 @@ import pytest
 from django.core import checks
 from django.test import override_settings
 
-from django_taskclaim.checks import check_models, check_settings
-from django_taskclaim.options import _cache
+from django_taskclaim.checks.core import check_models, check_settings
+from django_taskclaim.config.options import _cache
 from tests.testapp.models import Document
 
 
@@ -36,7 +36,7 @@ def test_bad_pooler_mode():
 def test_sqlite_without_immediate_warns(monkeypatch):
     from types import SimpleNamespace
 
-    from django_taskclaim import checks as module
+    from django_taskclaim.checks import core as module
 
     fake = SimpleNamespace(
         DATABASES={"other": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}

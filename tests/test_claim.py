@@ -15,7 +15,7 @@ from django_taskclaim import (
     StrategyNotSupportedError,
 )
 from django_taskclaim.db import DbNow
-from django_taskclaim.querysets import ClaimQuerySet
+from django_taskclaim.model.queryset import ClaimQuerySet
 from django_taskclaim.signals import task_claimed
 from tests.testapp.models import Document, Job, Ledger
 
@@ -32,7 +32,7 @@ def claim(qs, n=1, strategy="auto", **kw):
 
 
 def supported(strategy):
-    from django_taskclaim.strategies import STRATEGIES
+    from django_taskclaim.claim import STRATEGIES
 
     if not STRATEGIES[strategy].supported("default"):
         pytest.skip(f"{strategy} not supported on {connection.vendor}")
@@ -288,7 +288,7 @@ def test_cas_never_returns_a_row_taken_over_between_its_update_and_its_read(monk
     """Compare-and-set claims with one UPDATE per row, then re-reads the rows it won. If a
     row was released and re-claimed in between, the re-read (fenced on pk, version and
     status) leaves it out: the claimer never runs a row someone else holds."""
-    from django_taskclaim.strategies import cas
+    from django_taskclaim.claim import cas
 
     if connection.vendor == "sqlite":
         pytest.skip("SQLite's compare-and-set is one read and one write in one transaction")

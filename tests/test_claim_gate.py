@@ -20,7 +20,7 @@ from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext, override_settings
 
 from django_taskclaim.backends.postgresql import CLAIM_GATE_SPACE, claim_gate_key
-from django_taskclaim.options import get_options
+from django_taskclaim.config.options import get_options
 from tests import pgbouncer
 from tests.helpers import child_env, wait_for
 from tests.test_one_holder import run_claimers
@@ -217,7 +217,7 @@ def test_none_and_whole_numbers_are_accepted():
 
 
 def test_claim_meta_gate_is_checked(monkeypatch):
-    from django_taskclaim import options
+    from django_taskclaim.config import options
 
     monkeypatch.setattr(Document.ClaimMeta, "claim_gate", 0, raising=False)
     options._cache.pop(Document, None)

@@ -17,18 +17,18 @@ from django.core import checks
 from django.db import IntegrityError, connection, connections, models, transaction
 from django.test.utils import CaptureQueriesContext, isolate_apps
 
-from django_taskclaim import bounds
-from django_taskclaim.concurrency import (
+from django_taskclaim.claim import STRATEGIES
+from django_taskclaim.claim.keyed import _pick
+from django_taskclaim.config import bounds
+from django_taskclaim.config.options import get_options
+from django_taskclaim.exceptions import ConfigurationError, StrategyNotSupportedError
+from django_taskclaim.model.concurrency_keys import (
     check_concurrency_keys,
     concurrency_constraint,
     concurrency_slot,
     guard_of,
 )
-from django_taskclaim.exceptions import ConfigurationError, StrategyNotSupportedError
 from django_taskclaim.models import ClaimableModel
-from django_taskclaim.options import get_options
-from django_taskclaim.strategies import STRATEGIES
-from django_taskclaim.strategies.keyed import _pick
 from tests.helpers import wait_for
 from tests.keyedapp.models import KeyedJob, KeyRun, PairJob, PlainJob
 from tests.worker_procs import WorkerProc, stop_all
@@ -124,7 +124,8 @@ def test_check_refuses_a_key_without_constraint(monkeypatch):
             concurrency_key = "k"
 
     monkeypatch.setattr(
-        "django_taskclaim.concurrency.checked_models", lambda _configs: iter([Loose, Wide, Tight])
+        "django_taskclaim.model.concurrency_keys.checked_models",
+        lambda _configs: iter([Loose, Wide, Tight]),
     )
     found = check_concurrency_keys()
     by_model = {m.obj: m for m in found}
@@ -253,7 +254,7 @@ def test_hold_is_refused_with_a_key():
 
 
 def test_claim_without_constraint_is_refused():
-    from django_taskclaim.strategies import keyed
+    from django_taskclaim.claim import keyed
 
     opts = get_options(KeyedJob)
     keyed._GUARDS.pop(KeyedJob, None)
@@ -273,7 +274,7 @@ def test_plain_model_sql_is_unchanged(strategy, monkeypatch):
     same text whether or not the keyed code could run (it is poisoned here), none of
     the key's subqueries or windows, and on PostgreSQL the statement the vendor's
     one-statement claim builds from the plain candidates."""
-    from django_taskclaim.strategies import keyed
+    from django_taskclaim.claim import keyed
 
     table = PlainJob._meta.db_table
 
@@ -321,7 +322,7 @@ def _expected_plain_sql(table: str) -> str:
     """The claim statement of a plain model built from the pieces the strategies used
     before keys existed (the plain candidates, the vendor's one-statement claim)."""
     from django_taskclaim.backends import Statement, for_connection
-    from django_taskclaim.strategies import candidates, claim_columns, compile_queryset
+    from django_taskclaim.claim import candidates, claim_columns, compile_queryset
 
     opts = get_options(PlainJob)
     sql, params = compile_queryset(candidates(PlainJob.objects.claimable(), opts, 1))
@@ -513,8 +514,8 @@ def test_the_busy_lookup_of_a_generated_held_column_does_not_filter_on_the_statu
     """The held column is NULL unless processing, so the lookup needs no status filter;
     with one, PostgreSQL combined the whole lease index (its predicate is the same) into
     every candidate's lookup: 1.3 s per claim with 5,000 ready rows."""
-    from django_taskclaim.strategies import compile_queryset
-    from django_taskclaim.strategies.key_slots import keyed_candidates
+    from django_taskclaim.claim import compile_queryset
+    from django_taskclaim.claim.key_slots import keyed_candidates
 
     sql, params = compile_queryset(keyed_candidates(model.objects.claimable(), get_options(model)))
     assert "processing" not in sql

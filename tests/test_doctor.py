@@ -18,12 +18,12 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_taskclaim.backends import Statement, for_vendor
+from django_taskclaim.config.options import claimable_models
 from django_taskclaim.db import DbNow
-from django_taskclaim.doctor import Finding, Thresholds, diagnose, exit_code
-from django_taskclaim.doctor import database as doctor_database
-from django_taskclaim.doctor.findings import guarded
 from django_taskclaim.models import WorkerProcess
-from django_taskclaim.options import claimable_models
+from django_taskclaim.ops.doctor import Finding, Thresholds, diagnose, exit_code
+from django_taskclaim.ops.doctor import database as doctor_database
+from django_taskclaim.ops.doctor.findings import guarded
 from tests import pgbouncer
 from tests.helpers import PYTHON, ROOT, child_env
 from tests.testapp.models import Document, UUIDTask

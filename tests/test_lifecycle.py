@@ -12,7 +12,7 @@ from django.test import override_settings
 
 from django_taskclaim import ClaimLost, Fail, Retry, reap
 from django_taskclaim.db import DbNow
-from django_taskclaim.lifecycle import run_task
+from django_taskclaim.settle.outcome import run_task
 from tests.testapp.models import Document, Job, Ledger
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -391,7 +391,7 @@ def test_atomic_meta_rolls_back_a_body_whose_result_cannot_be_stored(monkeypatch
     Document.objects.create(title="a")
     (task,) = Document.objects.claim(1)
     monkeypatch.setattr(Document.ClaimMeta, "atomic", True, raising=False)
-    from django_taskclaim import options
+    from django_taskclaim.config import options
 
     options._cache.pop(Document, None)
     try:
@@ -409,7 +409,8 @@ def test_atomic_meta_rolls_back_a_body_whose_result_cannot_be_stored(monkeypatch
 
 
 def test_atomic_meta_must_be_a_bool(monkeypatch):
-    from django_taskclaim import ConfigurationError, get_options, options
+    from django_taskclaim import ConfigurationError, get_options
+    from django_taskclaim.config import options
 
     monkeypatch.setattr(Document.ClaimMeta, "atomic", "yes", raising=False)
     options._cache.pop(Document, None)
@@ -427,7 +428,7 @@ def test_deferred_result_fields_are_written_per_row_in_one_update(shape):
     writes them all in one fenced UPDATE, each row its own values, and calls on_written."""
     from django.test.utils import CaptureQueriesContext
 
-    from django_taskclaim.lifecycle import BatchableResult, complete_many
+    from django_taskclaim.settle.outcome import BatchableResult, complete_many
 
     Document.objects.bulk_create([Document(title=f"b{i}") for i in range(4)])
     rows = Document.objects.claim(4)
@@ -488,7 +489,7 @@ def test_batched_completions_store_each_result_value_as_the_orm_would(case, fiel
     column): what is read back equals what a plain save would store."""
     from django.test.utils import CaptureQueriesContext
 
-    from django_taskclaim.lifecycle import BatchableResult, complete_many
+    from django_taskclaim.settle.outcome import BatchableResult, complete_many
     from tests.testapp.models import ResultTypes
 
     ResultTypes.objects.bulk_create([ResultTypes() for _ in range(3)])

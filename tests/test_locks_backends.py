@@ -189,7 +189,7 @@ STATEMENT = re.compile(r"\s*(SELECT|INSERT|UPDATE|DELETE|SET|WITH|LISTEN|NOTIFY)
 
 @pytest.mark.parametrize(
     "path",
-    [*sorted((PACKAGE / "locks").glob("*.py")), PACKAGE / "lock_checks.py"],
+    [*sorted((PACKAGE / "locks").glob("*.py")), PACKAGE / "checks" / "locks.py"],
     ids=lambda p: str(p.relative_to(PACKAGE)),
 )
 def test_locks_neither_read_the_vendor_nor_write_sql(path):

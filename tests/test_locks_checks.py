@@ -1,11 +1,11 @@
-"""System checks of ``django_taskclaim.lock_checks`` (pooler declaration)."""
+"""System checks of ``django_taskclaim.checks.locks`` (pooler declaration)."""
 
 from __future__ import annotations
 
 from django.conf import settings
 from django.test import override_settings
 
-from django_taskclaim.lock_checks import check_pooler, pooler_messages
+from django_taskclaim.checks.locks import check_pooler, pooler_messages
 
 PG = {"ENGINE": "django.db.backends.postgresql", "NAME": "app", "HOST": "db", "PORT": 5432}
 

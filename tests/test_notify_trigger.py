@@ -19,10 +19,11 @@ from django.core import checks
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext, override_settings
 
-from django_taskclaim import notify_trigger, options
 from django_taskclaim.backends import for_connection
-from django_taskclaim.notify import notify
-from django_taskclaim.notify_trigger import sync_notify_triggers
+from django_taskclaim.config import options
+from django_taskclaim.wakeup import trigger as notify_trigger
+from django_taskclaim.wakeup.notify import notify
+from django_taskclaim.wakeup.trigger import sync_notify_triggers
 from tests.helpers import wait_for
 from tests.testapp.models import Document
 from tests.worker_procs import WorkerProc
@@ -216,7 +217,7 @@ def test_a_notify_option_other_than_true_false_or_trigger_is_refused(monkeypatch
 
 
 def test_the_doctor_finds_a_missing_stale_or_left_over_trigger(monkeypatch):
-    from django_taskclaim.doctor import diagnose
+    from django_taskclaim.ops.doctor import diagnose
 
     def finding() -> Any:
         found = [f for f in diagnose([Document]) if f.id == "TC-D007"]

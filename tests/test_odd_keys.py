@@ -20,9 +20,9 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_taskclaim import ClaimLost, reap
+from django_taskclaim.claim import STRATEGIES, STRATEGY_NAMES
 from django_taskclaim.db import DbNow
-from django_taskclaim.lifecycle import run_task
-from django_taskclaim.strategies import STRATEGIES, STRATEGY_NAMES
+from django_taskclaim.settle.outcome import run_task
 from tests.testapp.models import CharKeyTask, ColumnTask, Ledger, NullableOrderTask, UUIDTask
 
 pytestmark = pytest.mark.django_db(transaction=True)

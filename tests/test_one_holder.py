@@ -22,7 +22,7 @@ ROWS = 5000
 
 
 def _strategies() -> list[str]:
-    from django_taskclaim.strategies import STRATEGIES
+    from django_taskclaim.claim import STRATEGIES
 
     return [name for name, s in STRATEGIES.items() if s.supported("default")]
 

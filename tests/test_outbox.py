@@ -16,7 +16,6 @@ from collections import Counter, defaultdict
 import pytest
 from django.db import connections, transaction
 
-from django_taskclaim.completion import complete_many
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.outbox import (
     KEY_HASH_SPACE,
@@ -29,6 +28,7 @@ from django_taskclaim.outbox import (
     publish,
     rounds,
 )
+from django_taskclaim.settle.batch import complete_many
 from tests.helpers import wait_for
 from tests.outbox_brokers import BROKERS, RabbitQueue, rabbit_down_reason
 from tests.outboxapp.models import Message, Order

@@ -23,7 +23,6 @@ from django.db import connections
 from django.urls import reverse
 
 from django_taskclaim.exceptions import ConfigurationError
-from django_taskclaim.lifecycle import run_task
 from django_taskclaim.models import PeriodicRun, PeriodicSlot
 from django_taskclaim.periodic import periodic, registry
 from django_taskclaim.periodic.cron import parse_cron
@@ -35,6 +34,7 @@ from django_taskclaim.periodic.slots import (
     schedule_state,
 )
 from django_taskclaim.periodic.timing import CronTiming, Interval, parse_every
+from django_taskclaim.settle.outcome import run_task
 from django_taskclaim.worker import WorkerConfig
 from tests import periodic_jobs
 from tests.helpers import wait_for

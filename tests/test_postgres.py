@@ -26,8 +26,8 @@ def test_claim_plan_uses_partial_index_on_large_table():
             "0, '', 0, 0, '' FROM generate_series(1, 100000) g"
         )
         cur.execute("ANALYZE testapp_document")
-    from django_taskclaim.options import get_options
-    from django_taskclaim.strategies import candidates, compile_queryset
+    from django_taskclaim.claim import candidates, compile_queryset
+    from django_taskclaim.config.options import get_options
 
     sql, params = compile_queryset(
         candidates(Document.objects.claimable(), get_options(Document), 10)

@@ -66,18 +66,18 @@ def test_every_function_and_statement_the_table_names_exists_in_the_code():
 
 def test_a_name_that_left_the_code_fails_the_check():
     entries = [
-        {"label": "A_x", "step": "", "function": "django_taskclaim.reaper:reap_gone"},
+        {"label": "A_x", "step": "", "function": "django_taskclaim.recovery.reap:reap_gone"},
         {"label": "A_y", "step": "", "function": "django_taskclaim.nowhere:reap"},
         {
             "label": "A_z",
             "step": "",
-            "function": "django_taskclaim.reaper:reap_queryset",
+            "function": "django_taskclaim.recovery.reap:reap_queryset",
             "statement": "postgresql.PostgreSQL.reap_gone",
         },
         {
             "label": "A_w",
             "step": "",
-            "function": "django_taskclaim.reaper:reap_queryset",
+            "function": "django_taskclaim.recovery.reap:reap_queryset",
             "orm": "base.filter(pk=pk).update(",
         },
         {"label": "A_v", "step": "", "outside": "the operating system"},

@@ -8,10 +8,10 @@ import pytest
 from django.test import override_settings
 
 from django_taskclaim import reap
+from django_taskclaim.claim import was_recovered
 from django_taskclaim.db import DbNow
-from django_taskclaim.reaper import release_worker
+from django_taskclaim.recovery.reap import release_worker
 from django_taskclaim.signals import task_reaped
-from django_taskclaim.strategies import was_recovered
 from tests.testapp.models import Document, Job
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -13,7 +13,7 @@ import pytest
 from django.db import OperationalError, connection, connections, transaction
 
 from django_taskclaim import ClaimLost
-from django_taskclaim.lifecycle import (
+from django_taskclaim.settle.outcome import (
     PENDING_ATTR,
     BatchableResult,
     complete_many,

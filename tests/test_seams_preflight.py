@@ -18,8 +18,8 @@ import pytest
 from django.conf import settings
 from django.db import OperationalError, connection
 
-from django_taskclaim.doctor import diagnose
 from django_taskclaim.models import WorkerProcess
+from django_taskclaim.ops.doctor import diagnose
 from django_taskclaim.worker.exits import EXIT_CONFIG, EXIT_UNAVAILABLE
 from django_taskclaim.worker.preflight import BURST_WAIT, WARN_EVERY, Outage, schema_problems
 from tests.helpers import ROOT, wait_for

@@ -2,7 +2,7 @@
 
 After a mass crash (a deploy that SIGKILLs every worker) every row the fleet held comes
 back *recovered* (``ready`` with the lost lease's ``locked_until``; see
-:func:`django_taskclaim.strategies.was_recovered`) and each runs alone in its process.
+:func:`django_taskclaim.claim.was_recovered`) and each runs alone in its process.
 Running alone must not mean running slowly: a fleet drains them at a good fraction of the
 rate it drains fresh rows, measured here in the same test on the same fleet, while each
 recovered row is charged exactly one more attempt (given-back rows are uncharged). The
@@ -19,8 +19,8 @@ import pytest
 from django.db.models import Max
 from django.utils import timezone
 
+from django_taskclaim.claim import RECOVERED_ATTR, was_recovered
 from django_taskclaim.db import DbNow
-from django_taskclaim.strategies import RECOVERED_ATTR, was_recovered
 from django_taskclaim.worker.ledger import SHARES_ATTR, Ledger
 from tests.helpers import wait_for
 from tests.testapp.models import Document

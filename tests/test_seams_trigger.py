@@ -33,7 +33,7 @@ MODELS = """\
 from django.db import models
 
 from django_taskclaim.models import ClaimableModel
-from django_taskclaim.status import Status
+from django_taskclaim.model.status import Status
 
 
 class Job(ClaimableModel):

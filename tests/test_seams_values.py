@@ -1,6 +1,7 @@
 """Poison values at the edges of the retention API: ``taskclaim_prune --older-than`` (for
 models that are pruned and models whose rows move to their archive) and the ``older_than``
-of :func:`~django_taskclaim.retention.prune` / :func:`~django_taskclaim.archive.archive_finished`.
+of :func:`~django_taskclaim.recovery.prune.prune` /
+:func:`~django_taskclaim.recovery.archive.archive_finished`.
 
 An age no database can subtract from its clock, a negative one or one that is not a duration
 is refused with one line naming the value and the bound; nothing is deleted or moved.
@@ -16,11 +17,11 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from django_taskclaim import bounds
-from django_taskclaim.archive import archive_finished
+from django_taskclaim.config import bounds
 from django_taskclaim.db import DbNow
 from django_taskclaim.exceptions import ConfigurationError
-from django_taskclaim.retention import parse_age, prune
+from django_taskclaim.recovery.archive import archive_finished
+from django_taskclaim.recovery.prune import parse_age, prune
 from tests.archiveapp.models import Report, ReportArchive
 from tests.helpers import PYTHON, ROOT, child_env
 from tests.testapp.models import Document

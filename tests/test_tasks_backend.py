@@ -52,8 +52,8 @@ from django_taskclaim.contrib.tasks.apps import check_django_version
 from django_taskclaim.contrib.tasks.backend import TaskClaimBackend
 from django_taskclaim.contrib.tasks.models import QueuedTask
 from django_taskclaim.db import DbNow
-from django_taskclaim.lifecycle import run_task
-from django_taskclaim.reaper import reap
+from django_taskclaim.recovery.reap import reap
+from django_taskclaim.settle.outcome import run_task
 from tests import tasks_examples as ex
 from tests.helpers import PYTHON, ROOT, child_env
 

@@ -30,8 +30,8 @@ from django_taskclaim.contrib.tasks.backend import TaskClaimBackend
 from django_taskclaim.contrib.tasks.exceptions import ArgumentsUndecodable, WorkerLost
 from django_taskclaim.contrib.tasks.models import QueuedTask
 from django_taskclaim.db import DbNow
-from django_taskclaim.lifecycle import run_task
-from django_taskclaim.writes import MAX_ERROR_CHARS, format_error
+from django_taskclaim.settle.outcome import run_task
+from django_taskclaim.settle.writes import MAX_ERROR_CHARS, format_error
 from tests import tasks_examples as ex
 
 BACKEND = "django_taskclaim.contrib.tasks.backend.TaskClaimBackend"

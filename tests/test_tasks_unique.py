@@ -28,8 +28,8 @@ from django.test.utils import CaptureQueriesContext
 
 from django_taskclaim.contrib.tasks import aenqueue_unique, enqueue_unique, unique_key_for
 from django_taskclaim.contrib.tasks.models import QueuedTask
-from django_taskclaim.lifecycle import run_task
-from django_taskclaim.unique import check_unique_keys
+from django_taskclaim.model.unique import check_unique_keys
+from django_taskclaim.settle.outcome import run_task
 from tests import tasks_examples as ex
 
 pytestmark = pytest.mark.django_db(transaction=True)

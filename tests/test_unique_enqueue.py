@@ -16,10 +16,10 @@ from django.core import checks
 from django.db import IntegrityError, connection, models, transaction
 from django.test.utils import isolate_apps
 
-from django_taskclaim import unique
 from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.model import unique
+from django_taskclaim.model.unique import ActiveKeyField, check_model, check_unique_keys
 from django_taskclaim.models import ClaimableModel
-from django_taskclaim.unique import ActiveKeyField, check_model, check_unique_keys
 from tests.testapp.models import Document
 from tests.uniqueapp.models import Export, LegacySync
 

@@ -12,7 +12,7 @@ from django.conf import settings
 
 from django_taskclaim.db import DbNow
 from django_taskclaim.models import WorkerProcess
-from django_taskclaim.notify import connect_signals, notify
+from django_taskclaim.wakeup.notify import connect_signals, notify
 from tests.helpers import wait_for
 from tests.testapp.models import Document, Ledger
 from tests.worker_handlers import ATTEMPT

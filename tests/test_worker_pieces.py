@@ -14,8 +14,8 @@ from django.db import DatabaseError
 
 from django_taskclaim import Fail, Retry
 from django_taskclaim.exceptions import ClaimLost
-from django_taskclaim.lifecycle import Attempt, BatchableResult, TaskAborted, attempt, settle
-from django_taskclaim.querysets import ClaimQuerySet
+from django_taskclaim.model.queryset import ClaimQuerySet
+from django_taskclaim.settle.outcome import Attempt, BatchableResult, TaskAborted, attempt, settle
 from django_taskclaim.worker import EXIT_BROKEN, EXIT_OK, Worker, WorkerConfig
 from django_taskclaim.worker import acks as acks_module
 from django_taskclaim.worker.acks import Acks

@@ -32,7 +32,7 @@ def main() -> None:
     for name, value in meta.items():
         setattr(Document.ClaimMeta, name, value)
     if meta:
-        from django_taskclaim import options
+        from django_taskclaim.config import options
 
         options._cache.pop(Document, None)  # resolved at startup (admin); resolve again
     from django.core.management import execute_from_command_line

@@ -173,7 +173,7 @@ def process_with_result(task):
     ``payload["poison"]`` a value no database text column stores (``"surrogate"``: a lone
     surrogate; ``"nul"``: a NUL character); batched (``BatchableResult``) unless
     ``payload["plain"]``."""
-    from django_taskclaim.completion import BatchableResult
+    from django_taskclaim.settle.batch import BatchableResult
 
     Ledger.objects.create(task_id=task.pk, token=task.version, worker=ATTEMPT + task.locked_by)
     payload = task.payload or {}

@@ -12,9 +12,9 @@ from django.db import models
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
-from django_taskclaim.options import ClaimOptions, get_options
-from django_taskclaim.querysets import as_claim_queryset
 from django_taskclaim.admin.display import state_label
+from django_taskclaim.config.options import ClaimOptions, get_options
+from django_taskclaim.model.queryset import as_claim_queryset
 
 __all__ = ["ClaimActionsMixin"]
 

@@ -12,12 +12,12 @@ from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils.translation import gettext_lazy as _
 
-from django_taskclaim.models import WorkerProcess
-from django_taskclaim.monitoring import ModelStats, db_now, live_workers, model_stats, silent_after
-from django_taskclaim.options import claimable_models
-from django_taskclaim.status import STATE_NAMES
 from django_taskclaim.admin.display import humanize_seconds, site_by_name, state_label
 from django_taskclaim.admin.filters import ClaimStatusFilter, LeaseFilter
+from django_taskclaim.config.options import claimable_models
+from django_taskclaim.model.status import STATE_NAMES
+from django_taskclaim.models import WorkerProcess
+from django_taskclaim.ops.figures import ModelStats, db_now, live_workers, model_stats, silent_after
 
 __all__ = ["dashboard_context", "dashboard_view"]
 

@@ -10,8 +10,8 @@ from django.contrib.admin.sites import all_sites
 from django.db import DEFAULT_DB_ALIAS
 from django.utils.html import format_html
 
-from django_taskclaim.monitoring import db_now, humanize_seconds
-from django_taskclaim.status import Status
+from django_taskclaim.model.status import Status
+from django_taskclaim.ops.figures import db_now, humanize_seconds
 
 __all__ = [
     "NOW_ANNOTATION",

@@ -15,10 +15,6 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
-from django_taskclaim.db import DbNow
-from django_taskclaim.monitoring import model_stats
-from django_taskclaim.options import get_options
-from django_taskclaim.querysets import UNKNOWN_STATE, lease_ended
 from django_taskclaim.admin.actions import ClaimActionsMixin
 from django_taskclaim.admin.display import (
     NOW_ANNOTATION,
@@ -29,6 +25,10 @@ from django_taskclaim.admin.display import (
     state_label,
 )
 from django_taskclaim.admin.filters import ClaimStatusFilter, ErrorFilter, LeaseFilter
+from django_taskclaim.config.options import get_options
+from django_taskclaim.db import DbNow
+from django_taskclaim.model.queryset import UNKNOWN_STATE, lease_ended
+from django_taskclaim.ops.figures import model_stats
 
 __all__ = [
     "CLAIM_COLUMNS",

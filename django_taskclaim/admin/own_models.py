@@ -12,11 +12,17 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import path
 from django.utils.translation import gettext_lazy as _
 
+from django_taskclaim.admin.dashboard import dashboard_view
+from django_taskclaim.admin.display import (
+    NOW_ANNOTATION,
+    STYLESHEET,
+    annotated_now,
+    badge,
+    humanize_seconds,
+)
 from django_taskclaim.db import DbNow
 from django_taskclaim.models import Lease, WorkerProcess
-from django_taskclaim.monitoring import heard_from_recently, live_worker_q, silent_worker_q
-from django_taskclaim.admin.dashboard import dashboard_view
-from django_taskclaim.admin.display import NOW_ANNOTATION, STYLESHEET, annotated_now, badge, humanize_seconds
+from django_taskclaim.ops.figures import heard_from_recently, live_worker_q, silent_worker_q
 
 __all__ = ["LeaseAdmin", "ReadOnlyAdminMixin", "WorkerProcessAdmin"]
 

@@ -13,13 +13,13 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
-from django_taskclaim.models import PeriodicRun, PeriodicSlot
-from django_taskclaim.monitoring import db_now
-from django_taskclaim.periodic import discover, schedules
-from django_taskclaim.periodic.slots import ScheduleState, schedule_state
 from django_taskclaim.admin.display import STYLESHEET, badge, humanize_seconds
 from django_taskclaim.admin.mixin import ClaimableAdminMixin
 from django_taskclaim.admin.own_models import ReadOnlyAdminMixin
+from django_taskclaim.models import PeriodicRun, PeriodicSlot
+from django_taskclaim.ops.figures import db_now
+from django_taskclaim.periodic import discover, schedules
+from django_taskclaim.periodic.slots import ScheduleState, schedule_state
 
 __all__ = ["PeriodicRunAdmin", "PeriodicSlotAdmin", "schedule_rows"]
 

@@ -13,7 +13,13 @@ from typing import Any
 
 from django.db import connections
 
-from django_taskclaim.backends.base import AdvisoryKind, ClaimColumns, DatabaseSQL, LeaseTable, Statement
+from django_taskclaim.backends.base import (
+    AdvisoryKind,
+    ClaimColumns,
+    DatabaseSQL,
+    LeaseTable,
+    Statement,
+)
 from django_taskclaim.backends.mysql import MySQL
 from django_taskclaim.backends.postgresql import PostgreSQL
 from django_taskclaim.backends.sqlite import SQLite

@@ -122,7 +122,7 @@ class DatabaseSQL:
     #: (pgBouncer in front of PostgreSQL): session state may then not survive a transaction.
     pooler_mode_applies: ClassVar[bool] = False
     #: Whether two inserts of one unique key inside transactions can deadlock on the
-    #: duplicate check (InnoDB): :mod:`django_taskclaim.unique` then never lets an insert
+    #: duplicate check (InnoDB): :mod:`django_taskclaim.model.unique` then never lets an insert
     #: wait there.
     duplicate_checks_deadlock: ClassVar[bool] = False
 
@@ -199,7 +199,7 @@ class DatabaseSQL:
 
     def copy_rows_sql(self, table: str, columns: Sequence[str], select_sql: str) -> str:
         """``INSERT INTO <table> (<columns>) <select>``: the copy of an archive move
-        (:mod:`django_taskclaim.archive`); ``table`` and ``columns`` quoted, the SELECT
+        (:mod:`django_taskclaim.recovery.archive`); ``table`` and ``columns`` quoted, the SELECT
         compiled by the ORM (its parameters are the statement's)."""
         return f"INSERT INTO {table} ({', '.join(columns)}) {select_sql}"
 
@@ -323,7 +323,7 @@ class DatabaseSQL:
         raise NotImplementedError(f"{self.vendor} cannot notify workers")
 
     #: Whether the database itself can notify workers, from a trigger on the table
-    #: (``ClaimMeta.notify = "trigger"``; :mod:`django_taskclaim.notify_trigger`).
+    #: (``ClaimMeta.notify = "trigger"``; :mod:`django_taskclaim.wakeup.trigger`).
     supports_notify_trigger: ClassVar[bool] = False
 
     def notify_trigger_sql(

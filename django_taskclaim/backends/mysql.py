@@ -186,7 +186,7 @@ class MySQL(DatabaseSQL):
     #: InnoDB checks a duplicate key by share-locking the equal index records (and their
     #: gaps): two inserts that wait on each other there deadlock, and the victim's whole
     #: transaction is rolled back. Unique inserts inside a transaction therefore never
-    #: wait here (see :mod:`django_taskclaim.unique`).
+    #: wait here (see :mod:`django_taskclaim.model.unique`).
     duplicate_checks_deadlock: ClassVar[bool] = True
 
     def get_lock_timeout(self) -> Statement:

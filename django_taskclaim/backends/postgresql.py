@@ -7,7 +7,13 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from django_taskclaim.backends.base import AdvisoryKind, ClaimColumns, DatabaseSQL, LeaseTable, Statement
+from django_taskclaim.backends.base import (
+    AdvisoryKind,
+    ClaimColumns,
+    DatabaseSQL,
+    LeaseTable,
+    Statement,
+)
 
 #: SQLSTATEs worth a retry: serialization_failure, deadlock_detected.
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})

@@ -20,7 +20,13 @@ importable from here. See ``docs/locks.md`` for which lock fits which job.
 from __future__ import annotations
 
 from django_taskclaim.exceptions import LockLost, LockUsageError
-from django_taskclaim.locks.advisory import PG_MAX_TIMEOUT, AdvisoryLock, OnFail, advisory, mysql_lock_name
+from django_taskclaim.locks.advisory import (
+    PG_MAX_TIMEOUT,
+    AdvisoryLock,
+    OnFail,
+    advisory,
+    mysql_lock_name,
+)
 from django_taskclaim.locks.keys import (
     INT32_MAX,
     INT32_MIN,

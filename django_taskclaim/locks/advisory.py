@@ -15,7 +15,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
 from django_taskclaim.backends import DatabaseSQL, for_connection
 from django_taskclaim.backends.mysql import lock_name
-from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.db import in_user_atomic, is_lock_timeout
 from django_taskclaim.exceptions import LockLost, LockNotAcquired, LockUsageError
 from django_taskclaim.locks.keys import dotted_path, normalize_key

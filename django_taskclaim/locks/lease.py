@@ -17,10 +17,16 @@ from typing import Any
 
 from django.db import DatabaseError, connections, router, transaction
 
-from django_taskclaim import bounds
 from django_taskclaim.backends import DatabaseSQL, LeaseTable, Statement, for_connection
-from django_taskclaim.conf import taskclaim_settings
-from django_taskclaim.db import default_worker_id, in_user_atomic, is_lock_timeout, is_transient, retry_transient
+from django_taskclaim.config import bounds
+from django_taskclaim.config.settings import taskclaim_settings
+from django_taskclaim.db import (
+    default_worker_id,
+    in_user_atomic,
+    is_lock_timeout,
+    is_transient,
+    retry_transient,
+)
 from django_taskclaim.exceptions import LockLost, LockNotAcquired, LockUsageError
 from django_taskclaim.locks.keys import validate_lease_key
 from django_taskclaim.locks.renewer import Renewer
@@ -43,7 +49,7 @@ RENEW_RETRY_PAUSE = 0.05
 
 def validate_ttl(ttl: Any) -> float:
     """``ttl`` as seconds (a number or a ``timedelta``; ``None``: ``TASKCLAIM_LEASE``)
-    within :data:`~django_taskclaim.bounds.LOCK_TTL` (:data:`MIN_TTL` to :data:`MAX_TTL`);
+    within :data:`~django_taskclaim.config.bounds.LOCK_TTL` (:data:`MIN_TTL` to :data:`MAX_TTL`);
     raise :class:`LockUsageError` otherwise."""
     if ttl is None:
         ttl = taskclaim_settings.LEASE

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from django_taskclaim.mixins import ClaimableModel
+from django_taskclaim.model.mixins import ClaimableModel
 
 #: Key hashes lie in ``[0, KEY_HASH_SPACE)``; partition ``p`` of ``n`` owns the range
 #: ``[p * KEY_HASH_SPACE // n, (p + 1) * KEY_HASH_SPACE // n)``.

@@ -5,7 +5,8 @@ relay at a time through a :class:`~django_taskclaim.locks.LeaseLock`
 (``taskclaim.outbox:<model>:<partitions>:<p>``). The holder claims the partition's
 ready rows in ``id`` order, publishes them in rounds of at most one message per key
 (a round starts only once the broker confirmed the previous one), and marks the
-confirmed rows ``done`` with one fenced UPDATE (:func:`~django_taskclaim.completion.complete_many`).
+confirmed rows ``done`` with one fenced UPDATE
+(:func:`~django_taskclaim.settle.batch.complete_many`).
 A relay that takes a partition over first releases the rows its previous holder left
 ``processing`` (bumping their claim tokens): that holder's completions then match
 nothing (FENCED), and the new holder re-publishes them in order (at least once).
@@ -24,15 +25,15 @@ from typing import Any
 from django.db import DatabaseError, close_old_connections, router
 from django.db.models import Min
 
-from django_taskclaim import bounds
-from django_taskclaim.completion import complete_many
+from django_taskclaim.config import bounds
 from django_taskclaim.db import default_worker_id
 from django_taskclaim.exceptions import ClaimLost
-from django_taskclaim.lifecycle import fail, release
 from django_taskclaim.locks import LeaseLock
 from django_taskclaim.outbox.models import OutboxMessage, partition_range
 from django_taskclaim.outbox.publishers import MessagesRejected, Publisher, PublishError
 from django_taskclaim.outbox.write import outbox_model
+from django_taskclaim.settle.batch import complete_many
+from django_taskclaim.settle.outcome import fail, release
 
 logger = logging.getLogger("django_taskclaim.outbox")
 

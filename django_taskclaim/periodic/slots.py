@@ -24,11 +24,11 @@ from django.db import IntegrityError, InterfaceError, OperationalError, transact
 from django.db.models import Model
 from django.utils.module_loading import import_string
 
-from django_taskclaim import bounds
+from django_taskclaim.config import bounds
+from django_taskclaim.config.options import get_options
 from django_taskclaim.db import DbNow, retry_transient
 from django_taskclaim.exceptions import Fail
 from django_taskclaim.models import PeriodicRun, PeriodicSlot
-from django_taskclaim.options import get_options
 from django_taskclaim.periodic.registry import Schedule
 
 __all__ = [

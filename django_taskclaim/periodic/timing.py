@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from django_taskclaim import bounds
+from django_taskclaim.config import bounds
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.periodic.cron import Cron, parse_cron
 

@@ -13,7 +13,10 @@ register = template.Library()
 @register.inclusion_tag("django_taskclaim/admin/app_index_dashboard.html", takes_context=True)
 def taskclaim_dashboard(context: Any) -> dict[str, Any]:
     """Render the queue dashboard for the current admin site and user."""
-    from django_taskclaim.admin import _site_by_name, dashboard_context  # deferred: needs the app registry
+    from django_taskclaim.admin import (  # deferred: needs the app registry
+        _site_by_name,
+        dashboard_context,
+    )
 
     request = context["request"]
     site = _site_by_name(getattr(request, "current_app", None))

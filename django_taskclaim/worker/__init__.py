@@ -9,7 +9,7 @@ for the diagram and the life of a task through them):
   shared state and the only lock;
 - :mod:`.claimer` — the one thread that claims, sized by the executors' demand;
 - :mod:`.executors` — threads that run bodies and settle outcomes
-  (:func:`~django_taskclaim.lifecycle.settle`), replaced if they crash;
+  (:func:`~django_taskclaim.settle.outcome.settle`), replaced if they crash;
 - :mod:`.bodies` — how a body is called (``async def``, a ``cancel`` parameter);
 - :mod:`.aio` — the one event loop of the process, for ``async def`` bodies;
 - :mod:`.acks` — completions written together in one fenced UPDATE;
@@ -29,7 +29,7 @@ for the diagram and the life of a task through them):
 
 from __future__ import annotations
 
-from django_taskclaim.lifecycle import TaskAborted
+from django_taskclaim.settle.outcome import TaskAborted
 from django_taskclaim.worker.config import WorkerConfig
 from django_taskclaim.worker.exits import (
     EXIT_BROKEN,

@@ -1,10 +1,10 @@
 """Batched acknowledgements: completions buffered in the ledger, written together.
 
 A task whose body returned no result fields (or a
-:class:`~django_taskclaim.lifecycle.BatchableResult`) is not completed at once: its
+:class:`~django_taskclaim.settle.outcome.BatchableResult`) is not completed at once: its
 completion waits in the :class:`~.ledger.Ledger` for up to ``--ack-window`` seconds
 and is written with the others in one fenced UPDATE
-(:func:`~django_taskclaim.lifecycle.complete_many`) by the thread that finds it due: the
+(:func:`~django_taskclaim.settle.outcome.complete_many`) by the thread that finds it due: the
 ack writer (started with the first buffered completion), an executor after its task, or
 the claimer when it finds nothing to claim — never the heartbeat, whose lease renewals
 must not wait behind a completion that waits on a row lock. Until the write lands the
@@ -25,10 +25,10 @@ from typing import Any
 from django.db import DatabaseError
 
 from django_taskclaim.exceptions import ClaimLost
-from django_taskclaim.lifecycle import complete_many, complete_pending
-from django_taskclaim.transitions import Outcome, fail
-from django_taskclaim.types import Claimable
-from django_taskclaim.writes import storable_text
+from django_taskclaim.model.claimable import Claimable
+from django_taskclaim.settle.outcome import complete_many, complete_pending
+from django_taskclaim.settle.transitions import Outcome, fail
+from django_taskclaim.settle.writes import storable_text
 from django_taskclaim.worker.dbconn import backoff, close, connection_trouble, one_line
 from django_taskclaim.worker.ledger import Ledger
 
@@ -57,7 +57,7 @@ class Acks:
         self._writer_lock = threading.Lock()
 
     def defer(self, task: Claimable) -> None:
-        """The ``defer`` hook of :func:`~django_taskclaim.lifecycle.settle`: buffer the
+        """The ``defer`` hook of :func:`~django_taskclaim.settle.outcome.settle`: buffer the
         completion of ``task`` to be written with others within ``window`` seconds."""
         if self.ledger.defer_ack(task):
             self._start_writer()

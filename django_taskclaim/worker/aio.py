@@ -28,7 +28,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import connections
 
-from django_taskclaim.lifecycle import cancel_flag
+from django_taskclaim.settle.outcome import cancel_flag
 from django_taskclaim.worker.dbconn import connection_trouble
 
 logger = logging.getLogger("django_taskclaim.worker")

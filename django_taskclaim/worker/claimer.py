@@ -6,7 +6,7 @@ claim follows the executors' demand (:meth:`~.ledger.Ledger.room`): a full ``--b
 per executor once it fits, else just what idle executors need, never more than
 ``--concurrency`` × ``--batch`` rows held. Models are claimed from in rotation.
 
-A recovered row (its last holder lost it: :func:`~django_taskclaim.strategies.was_recovered`)
+A recovered row (its last holder lost it: :func:`~django_taskclaim.claim.was_recovered`)
 may be the task that killed a worker. While a crash of its process could not use up its
 attempts (:func:`may_share`: at least two would be left) it runs like any row, beside
 others, in batches. Otherwise it runs alone: the process holds at most one such row at a
@@ -29,8 +29,8 @@ from typing import Any
 from django.db import DatabaseError, connections
 from django.db.models import F, Model, Q
 
-from django_taskclaim.options import get_options
-from django_taskclaim.strategies import was_recovered
+from django_taskclaim.claim import was_recovered
+from django_taskclaim.config.options import get_options
 from django_taskclaim.worker.acks import Acks
 from django_taskclaim.worker.config import WorkerConfig
 from django_taskclaim.worker.dbconn import backoff, close, drop_stale, one_line, pause

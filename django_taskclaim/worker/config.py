@@ -15,12 +15,12 @@ from django.conf import settings
 from django.db import connections
 from django.db.models import Model
 
-from django_taskclaim import bounds
 from django_taskclaim.backends import for_connection
-from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.claim import STRATEGIES
+from django_taskclaim.config import bounds
+from django_taskclaim.config.options import claimable_models, get_options, resolve_model
+from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.exceptions import ConfigurationError
-from django_taskclaim.options import claimable_models, get_options, resolve_model
-from django_taskclaim.strategies import STRATEGIES
 
 
 def _option(value: Any, name: str) -> Any:

@@ -1,5 +1,5 @@
 """Executor threads: each takes a claimed row from the ledger, runs its body and settles
-the outcome (:func:`~django_taskclaim.lifecycle.settle`); nothing else.
+the outcome (:func:`~django_taskclaim.settle.outcome.settle`); nothing else.
 
 An ``async def`` body runs on the process's event loop (:mod:`.aio`) while its
 executor waits, so it shares the executors' slots; its outcome is settled here as a
@@ -8,7 +8,7 @@ flag (``task.cancel_requested()``, or the ``cancel`` argument: :mod:`.bodies`), 
 async body through ``CancelledError``; whatever it then does is fenced out.
 
 Executors never die silently: a body's ``BaseException`` is that task's failure
-(:class:`~django_taskclaim.lifecycle.TaskAborted`); an executor that crashes for any
+(:class:`~django_taskclaim.settle.outcome.TaskAborted`); an executor that crashes for any
 other reason is logged and replaced by :meth:`Executors.replace_crashed`; after
 :data:`~.exits.MAX_CRASHES` crashes within :data:`~.exits.CRASH_WINDOW` seconds the
 worker stops with :data:`~.exits.EXIT_BROKEN` so that its supervisor restarts it.
@@ -25,12 +25,19 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
+from django_taskclaim.config.options import get_options
 from django_taskclaim.exceptions import ClaimLost, Retry
-from django_taskclaim.lifecycle import Attempt, Outcome, TaskAborted, attempt, cancel_flag, settle
-from django_taskclaim.options import get_options
-from django_taskclaim.transitions import RETRY_IN_ATTR
-from django_taskclaim.types import Claimable, model_of
-from django_taskclaim.writes import storable_text
+from django_taskclaim.model.claimable import Claimable, model_of
+from django_taskclaim.settle.outcome import (
+    Attempt,
+    Outcome,
+    TaskAborted,
+    attempt,
+    cancel_flag,
+    settle,
+)
+from django_taskclaim.settle.transitions import RETRY_IN_ATTR
+from django_taskclaim.settle.writes import storable_text
 from django_taskclaim.worker.acks import Acks, fail_unstorable
 from django_taskclaim.worker.aio import EventLoop
 from django_taskclaim.worker.bodies import Body
@@ -222,7 +229,7 @@ class Executors:
         return outcome
 
     def _handler(self, task: Claimable, flag: threading.Event) -> Any:
-        """The callable :func:`~django_taskclaim.lifecycle.attempt` runs for ``task``."""
+        """The callable :func:`~django_taskclaim.settle.outcome.attempt` runs for ``task``."""
         model = model_of(task)
         body = self._bodies.get(model)
         if body is None:

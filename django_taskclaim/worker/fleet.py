@@ -23,7 +23,7 @@ from typing import Any
 from django.conf import settings
 from django.db import router
 
-from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.worker.config import WorkerConfig
 

@@ -13,7 +13,7 @@ from django.db import DatabaseError
 from django.db.models import Model
 
 from django_taskclaim.exceptions import ClaimLost
-from django_taskclaim.notify import notify
+from django_taskclaim.wakeup.notify import notify
 from django_taskclaim.worker.dbconn import close, one_line
 from django_taskclaim.worker.ledger import Ledger
 

@@ -6,7 +6,7 @@ running (except ``ClaimMeta.atomic`` bodies, whose row lock is held by their own
 transaction) and run-but-unacknowledged (buffered or being written). It only renews: it
 writes no outcome, and a row another session holds locked (a web request's
 ``select_for_update()``, a completion waiting on that lock) is skipped, never waited for
-(:meth:`~django_taskclaim.querysets.ClaimQuerySetMixin.renew_leases`), so one locked row
+(:meth:`~django_taskclaim.model.queryset.ClaimQuerySetMixin.renew_leases`), so one locked row
 never lets the other leases lapse.
 
 A row whose extension fails was taken back (cancelled, released, reaped and re-claimed):
@@ -32,9 +32,9 @@ from typing import Any
 from django.db import DatabaseError
 from django.db.models import Model
 
-from django_taskclaim.lifecycle import cancel_flag
-from django_taskclaim.options import get_options
-from django_taskclaim.querysets import ClaimQuerySet
+from django_taskclaim.config.options import get_options
+from django_taskclaim.model.queryset import ClaimQuerySet
+from django_taskclaim.settle.outcome import cancel_flag
 from django_taskclaim.worker.acks import Acks
 from django_taskclaim.worker.dbconn import close, one_line
 from django_taskclaim.worker.ledger import Ledger

@@ -18,8 +18,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from django_taskclaim.strategies import was_recovered
-from django_taskclaim.types import Claimable
+from django_taskclaim.claim import was_recovered
+from django_taskclaim.model.claimable import Claimable
 
 #: Set by the claimer on a recovered row that may run beside other rows (a crash of its
 #: process could not use up its attempts: see :func:`~.claimer.may_share`); the ledger
@@ -29,7 +29,7 @@ SHARES_ATTR = "_taskclaim_may_share"
 
 def runs_alone(task: Any) -> bool:
     """Whether ``task`` must run alone in its process: a recovered row
-    (:func:`~django_taskclaim.strategies.was_recovered`) that the claimer did not mark
+    (:func:`~django_taskclaim.claim.was_recovered`) that the claimer did not mark
     as one that may share (:data:`SHARES_ATTR`)."""
     return was_recovered(task) and not getattr(task, SHARES_ATTR, False)
 

@@ -39,9 +39,9 @@ from typing import Any
 from django.db import DatabaseError, connections
 from django.db.models import Model
 
+from django_taskclaim.claim import was_recovered
 from django_taskclaim.db import default_worker_id
-from django_taskclaim.notify import Listener
-from django_taskclaim.strategies import was_recovered
+from django_taskclaim.wakeup.notify import Listener
 from django_taskclaim.worker.acks import Acks
 from django_taskclaim.worker.claimer import Claimer
 from django_taskclaim.worker.config import WorkerConfig

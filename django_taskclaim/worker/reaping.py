@@ -2,7 +2,7 @@
 
 At most once per ``TASKCLAIM_REAP_INTERVAL`` across all hosts (a lease lock on
 :data:`REAP_LOCK_KEY`, left to lapse), one worker recovers the rows whose lease expired
-(:func:`~django_taskclaim.reaper.recover`). A worker makes its first attempt a few
+(:func:`~django_taskclaim.recovery.reap.recover`). A worker makes its first attempt a few
 seconds after it starts (:data:`FIRST_REAP`), not a whole interval later, so a fleet whose
 workers keep dying young still recovers. A worker that falls silent is never declared
 dead here: its rows wait for their lease (NO EARLY RE-RUN).
@@ -18,9 +18,9 @@ from collections.abc import Callable
 from django.db import DatabaseError
 from django.db.models import Model
 
-from django_taskclaim.conf import taskclaim_settings
+from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.locks import LeaseLock
-from django_taskclaim.reaper import recover
+from django_taskclaim.recovery.reap import recover
 from django_taskclaim.worker.dbconn import close, one_line
 
 logger = logging.getLogger("django_taskclaim.worker")

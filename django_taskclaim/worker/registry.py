@@ -17,8 +17,10 @@ from django.db import DatabaseError, router
 from django.db.models import Model
 
 from django_taskclaim.db import DbNow
-from django_taskclaim.monitoring import live_worker_q, silent_worker_q
-from django_taskclaim.monitoring import silent_after as silent_after  # re-exported by the worker package
+from django_taskclaim.ops.figures import live_worker_q, silent_worker_q
+from django_taskclaim.ops.figures import (
+    silent_after as silent_after,  # re-exported by the worker package
+)
 from django_taskclaim.worker.dbconn import close, connection_trouble, one_line
 from django_taskclaim.worker.ledger import Ledger
 
@@ -37,7 +39,7 @@ def worker_model() -> type[Model]:
 def silent_workers(*, using: str | None = None, exclude: Iterable[str] = ()) -> list[str]:
     """Ids of registered, not stopped workers not heard from for :func:`silent_after`
     seconds (database clock). For operators (stats, admin): a silent worker may be
-    paused, partitioned or dead; only :func:`~django_taskclaim.reaper.release_worker`,
+    paused, partitioned or dead; only :func:`~django_taskclaim.recovery.reap.release_worker`,
     called by someone who knows it is dead, frees its rows before their leases end."""
     model = worker_model()
     db = using or router.db_for_write(model)

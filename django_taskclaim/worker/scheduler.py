@@ -17,7 +17,7 @@ import threading
 from django.db import DatabaseError
 from django.db.models import Model
 
-from django_taskclaim.monitoring import db_now
+from django_taskclaim.ops.figures import db_now
 from django_taskclaim.periodic import discover, schedules
 from django_taskclaim.worker.dbconn import backoff, close, one_line
 
@@ -44,7 +44,9 @@ class Scheduler(threading.Thread):
         served: list[type[Model]],
     ) -> None:
         super().__init__(name="taskclaim-scheduler", daemon=True)
-        from django_taskclaim.periodic.slots import Planner  # deferred: models need the app registry
+        from django_taskclaim.periodic.slots import (
+            Planner,  # deferred: models need the app registry
+        )
 
         discover()
         self.schedules = schedules()

@@ -11,11 +11,11 @@ from django.db import connections
 from django.db.models import Min, Model
 
 from django_taskclaim.backends import for_alias, for_connection
-from django_taskclaim.conf import taskclaim_settings
-from django_taskclaim.monitoring import db_now
-from django_taskclaim.options import get_options
-from django_taskclaim.querysets import ClaimQuerySet
-from django_taskclaim.strategies import resolve
+from django_taskclaim.claim import resolve
+from django_taskclaim.config.options import get_options
+from django_taskclaim.config.settings import taskclaim_settings
+from django_taskclaim.model.queryset import ClaimQuerySet
+from django_taskclaim.ops.figures import db_now
 from django_taskclaim.worker.config import WorkerConfig
 
 

@@ -40,7 +40,7 @@ from typing import Any
 from django.db import connections
 
 from django_taskclaim.db import default_worker_id
-from django_taskclaim.reaper import release_worker
+from django_taskclaim.recovery.reap import release_worker
 from django_taskclaim.worker.config import WorkerConfig
 from django_taskclaim.worker.exits import EXIT_FORCED, EXIT_OK, EXIT_UNAVAILABLE
 from django_taskclaim.worker.process import PARENT_DEATH_SIGNAL, Worker
@@ -238,7 +238,7 @@ def supervise(
 
     Each child the supervisor sees exit (``waitpid``: proof of death) has the rows it
     still held released at once on its own database
-    (:func:`~django_taskclaim.reaper.release_worker`, fenced on holder, status and
+    (:func:`~django_taskclaim.recovery.reap.release_worker`, fenced on holder, status and
     token) and its registry row marked stopped before a replacement starts. Each child
     stops, giving back what it holds, as soon as the supervisor is gone."""
     plans = [configs] if isinstance(configs, WorkerConfig) else list(configs)

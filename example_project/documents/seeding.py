@@ -58,7 +58,7 @@ def seed(
 
 def _notify(model: type) -> None:
     try:
-        from django_taskclaim.notify import notify
+        from django_taskclaim.wakeup.notify import notify
     except ImportError:  # pragma: no cover - workers poll anyway
         return
     notify(model)

@@ -1,5 +1,5 @@
 """Models for the archive tests: claimable models whose finished rows move to an
-archive table built by :func:`~django_taskclaim.archive.archive_of`.
+archive table built by :func:`~django_taskclaim.recovery.archive.archive_of`.
 
 ``Report`` has an auto-increment key, a renamed column and a foreign key; ``Receipt``
 a text primary key whose column name needs quoting and a generated column (left out of
@@ -11,8 +11,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models.functions import Upper
 
-from django_taskclaim.archive import archive_of
 from django_taskclaim.models import ClaimableModel
+from django_taskclaim.recovery.archive import archive_of
 
 
 class Shelf(models.Model):

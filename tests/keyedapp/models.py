@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from django.db import models
 
-from django_taskclaim.concurrency import concurrency_constraint, concurrency_slot, processing_key
 from django_taskclaim.db import DbNow
+from django_taskclaim.model.concurrency_keys import (
+    concurrency_constraint,
+    concurrency_slot,
+    processing_key,
+)
 from django_taskclaim.models import ClaimableModel
 
 

@@ -11,6 +11,7 @@ from django.db import models
 
 from django_taskclaim.db import DbNow
 from django_taskclaim.exceptions import Fail, Retry
+from django_taskclaim.model.status import Status
 from django_taskclaim.models import (
     ClaimableMixin,
     ClaimableModel,
@@ -18,7 +19,6 @@ from django_taskclaim.models import (
     ErrorFieldMixin,
     claim_indexes,
 )
-from django_taskclaim.status import Status
 
 
 class Document(ClaimableModel):

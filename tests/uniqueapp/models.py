@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
+from django_taskclaim.model.unique import ActiveKeyField
 from django_taskclaim.models import (
     ClaimableMixin,
     ClaimableModel,
@@ -11,7 +12,6 @@ from django_taskclaim.models import (
     ErrorFieldMixin,
     claim_indexes,
 )
-from django_taskclaim.unique import ActiveKeyField
 
 
 class Export(ClaimableModel):

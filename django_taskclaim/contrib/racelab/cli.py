@@ -13,11 +13,10 @@ from collections.abc import Callable, Sequence
 
 from django.db import connections
 
-from django_taskclaim.exceptions import ConfigurationError
-
 from django_taskclaim.contrib.racelab.lab import RaceLab
 from django_taskclaim.contrib.racelab.report import format_table
 from django_taskclaim.contrib.racelab.techniques import technique_names
+from django_taskclaim.exceptions import ConfigurationError
 
 
 def build_lab(

@@ -19,13 +19,17 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections
 
-from django_taskclaim.db import is_transient
-from django_taskclaim.exceptions import ConfigurationError
-
 from django_taskclaim.contrib.racelab.apps import LABEL
 from django_taskclaim.contrib.racelab.models import LAB_MODELS, LabTask
 from django_taskclaim.contrib.racelab.report import LabResult
-from django_taskclaim.contrib.racelab.techniques import TECHNIQUES, Context, Technique, get_technique
+from django_taskclaim.contrib.racelab.techniques import (
+    TECHNIQUES,
+    Context,
+    Technique,
+    get_technique,
+)
+from django_taskclaim.db import is_transient
+from django_taskclaim.exceptions import ConfigurationError
 
 logger = logging.getLogger("django_taskclaim.racelab")
 

@@ -17,11 +17,10 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 from django.db.models import F
 
+from django_taskclaim.claim import STRATEGIES
+from django_taskclaim.contrib.racelab.models import LabBatchLock, LabInsertLock, LabLease, LabTask
 from django_taskclaim.db import DbNow
 from django_taskclaim.exceptions import ClaimLost
-from django_taskclaim.strategies import STRATEGIES
-
-from django_taskclaim.contrib.racelab.models import LabBatchLock, LabInsertLock, LabLease, LabTask
 
 
 @dataclass

@@ -25,7 +25,9 @@ __all__ = ["aenqueue_unique", "enqueue_unique", "unique_key_for"]
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from django_taskclaim.contrib.tasks import backend  # deferred: loaded on first use, importing the app stays cheap
+        from django_taskclaim.contrib.tasks import (
+            backend,  # deferred: loaded on first use, importing the app stays cheap
+        )
 
         return getattr(backend, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,7 +15,6 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
 from django_taskclaim.admin import ClaimableAdminMixin
-
 from django_taskclaim.contrib.tasks.models import QueuedTask
 
 

@@ -63,13 +63,17 @@ def unique_key_for(task: Task, args_json: list[Any], kwargs_json: dict[str, Any]
         separators=(",", ":"),
     )
     digest = hashlib.sha256(body.encode()).hexdigest()
-    from django_taskclaim.contrib.tasks.models import UNIQUE_KEY_MAX_LENGTH  # deferred: models need the app registry
+    from django_taskclaim.contrib.tasks.models import (
+        UNIQUE_KEY_MAX_LENGTH,  # deferred: models need the app registry
+    )
 
     return f"{task.module_path}:{digest}"[-UNIQUE_KEY_MAX_LENGTH:]
 
 
 def _check_key(key: Any) -> None:
-    from django_taskclaim.contrib.tasks.models import UNIQUE_KEY_MAX_LENGTH  # deferred: models need the app registry
+    from django_taskclaim.contrib.tasks.models import (
+        UNIQUE_KEY_MAX_LENGTH,  # deferred: models need the app registry
+    )
 
     if not isinstance(key, str) or not key or len(key) > UNIQUE_KEY_MAX_LENGTH:
         raise InvalidTask(

@@ -25,14 +25,13 @@ from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 
-from django_taskclaim import bounds
-from django_taskclaim.conf import taskclaim_settings
-from django_taskclaim.db import DbNow, retry_transient
-from django_taskclaim.unique import insert_unique
-
+from django_taskclaim.config import bounds
+from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.contrib.tasks.arguments import _check_key, encode_arguments, unique_key_for
 from django_taskclaim.contrib.tasks.exceptions import InvalidTaskValue
 from django_taskclaim.contrib.tasks.results import to_result
+from django_taskclaim.db import DbNow, retry_transient
+from django_taskclaim.model.unique import insert_unique
 
 if TYPE_CHECKING:
     from django_taskclaim.contrib.tasks.models import QueuedTask
@@ -74,7 +73,9 @@ def _number(value: Any, name: str, *, low: float, high: float | None = None) -> 
 
 
 def _max_attempts(value: Any, where: str) -> int:
-    from django_taskclaim.contrib.tasks.models import MAX_ATTEMPTS_CEILING  # deferred: models need the app registry
+    from django_taskclaim.contrib.tasks.models import (
+        MAX_ATTEMPTS_CEILING,  # deferred: models need the app registry
+    )
 
     if (
         isinstance(value, bool)
@@ -101,7 +102,7 @@ def _check_priority(priority: Any) -> None:
 
 def _check_run_after(run_after: datetime | timedelta | None) -> None:
     """:class:`InvalidTaskValue` for a ``run_after`` no database can store: a negative or
-    longer than :data:`~django_taskclaim.bounds.MAX_AGE` ``timedelta``, an aware
+    longer than :data:`~django_taskclaim.config.bounds.MAX_AGE` ``timedelta``, an aware
     ``datetime`` outside years 1 to 9999 once in UTC."""
     if isinstance(run_after, timedelta):
         if run_after < timedelta(0):
@@ -169,7 +170,9 @@ class TaskClaimBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
-        from django_taskclaim.contrib.tasks.models import NAME_MAX_LENGTH  # deferred: models need the app registry
+        from django_taskclaim.contrib.tasks.models import (
+            NAME_MAX_LENGTH,  # deferred: models need the app registry
+        )
 
         unknown = sorted(set(self.options) - set(OPTION_NAMES))
         if unknown:
@@ -203,7 +206,9 @@ class TaskClaimBackend(BaseTaskBackend):
                 f"TASKS[{self.alias!r}] uses {type(self).__name__}: add {APP!r} to "
                 "INSTALLED_APPS and run migrate"
             )
-        from django_taskclaim.contrib.tasks.models import QueuedTask  # deferred: models need the app registry
+        from django_taskclaim.contrib.tasks.models import (
+            QueuedTask,  # deferred: models need the app registry
+        )
 
         return QueuedTask
 
@@ -263,7 +268,9 @@ class TaskClaimBackend(BaseTaskBackend):
                 f"allowed queues are {', '.join(sorted(map(repr, self.queues)))} "
                 f"(TASKS[{self.alias!r}]['QUEUES'])"
             )
-        from django_taskclaim.contrib.tasks.models import NAME_MAX_LENGTH  # deferred: models need the app registry
+        from django_taskclaim.contrib.tasks.models import (
+            NAME_MAX_LENGTH,  # deferred: models need the app registry
+        )
 
         if not isinstance(task.queue_name, str) or len(task.queue_name) > NAME_MAX_LENGTH:
             raise InvalidTask(
@@ -312,7 +319,7 @@ class TaskClaimBackend(BaseTaskBackend):
         if stale:  # database-computed values the INSERT did not return
             row.refresh_from_db(using=self.database, fields=stale)
         # Workers listening on PostgreSQL are woken by the post_save hook of
-        # django_taskclaim.notify, when the row commits.
+        # django_taskclaim.wakeup.notify, when the row commits.
         result = to_result(row, task=task)
         task_enqueued.send(type(self), task_result=result)
         return result

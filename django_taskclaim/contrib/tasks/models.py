@@ -14,10 +14,10 @@ from django.db import models
 from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME
 from django.utils.translation import gettext_lazy as _
 
-from django_taskclaim.conf import taskclaim_settings
-from django_taskclaim.mixins import ClaimableModel, claim_indexes
-from django_taskclaim.status import Status
-from django_taskclaim.unique import ActiveKeyField, SparseUniqueConstraint
+from django_taskclaim.config.settings import taskclaim_settings
+from django_taskclaim.model.mixins import ClaimableModel, claim_indexes
+from django_taskclaim.model.status import Status
+from django_taskclaim.model.unique import ActiveKeyField, SparseUniqueConstraint
 
 #: Highest ``max_attempts`` a task may have. It is also the model-level budget the
 #: reaper applies, so that each row's own ``max_attempts`` (checked when the row is
@@ -51,7 +51,7 @@ UNIQUE_KEY_MAX_LENGTH = 255
 class QueuedTask(ClaimableModel):
     """One enqueued ``django.tasks`` Task and its result.
 
-    Adds to :class:`~django_taskclaim.mixins.ClaimableModel`: ``id`` (UUID, the
+    Adds to :class:`~django_taskclaim.model.mixins.ClaimableModel`: ``id`` (UUID, the
     ``TaskResult.id``), ``task_path``, ``args``, ``kwargs``, ``queue_name``,
     ``backend_name``, ``max_attempts``, ``return_value``, ``errors`` (one entry per
     failed or lost attempt, with traceback), ``worker_ids`` (one entry per attempt),

@@ -4,11 +4,11 @@
 names the earlier attempts that never recorded an outcome. The outcome is written by the
 core's fenced lifecycle writes, on the claim token: :func:`success_fields` is what a
 success hands to the worker's batched, fenced completion
-(:class:`~django_taskclaim.lifecycle.BatchableResult`); :func:`finish_failed` records a
-failed attempt with :func:`~django_taskclaim.lifecycle.retry` or
-:func:`~django_taskclaim.lifecycle.fail`, after the delay of :func:`backoff`;
+(:class:`~django_taskclaim.settle.outcome.BatchableResult`); :func:`finish_failed` records a
+failed attempt with :func:`~django_taskclaim.settle.outcome.retry` or
+:func:`~django_taskclaim.settle.outcome.fail`, after the delay of :func:`backoff`;
 :func:`give_up` ends a task whose attempts were used up by lost workers. Error texts are
-capped by :func:`~django_taskclaim.writes.format_error`, the rule of ``last_error``.
+capped by :func:`~django_taskclaim.settle.writes.format_error`, the rule of ``last_error``.
 """
 
 from __future__ import annotations
@@ -19,13 +19,12 @@ import time
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django_taskclaim.exceptions import Retry
-from django_taskclaim.monitoring import db_now
-from django_taskclaim.options import get_options, retry_delay
-from django_taskclaim.writes import format_error
-
+from django_taskclaim.config.options import get_options, retry_delay
 from django_taskclaim.contrib.tasks import announce
 from django_taskclaim.contrib.tasks.exceptions import WorkerLost
+from django_taskclaim.exceptions import Retry
+from django_taskclaim.ops.figures import db_now
+from django_taskclaim.settle.writes import format_error
 
 if TYPE_CHECKING:
     from django_taskclaim.contrib.tasks.models import QueuedTask
@@ -39,14 +38,16 @@ MAX_ERRORS = 100
 def backoff(alias: str, attempts: int) -> float:
     """Seconds before the next attempt after ``attempts`` attempts of a task of ``alias``.
 
-    The core's rule (:func:`~django_taskclaim.options.retry_delay`: ``retry_backoff *
+    The core's rule (:func:`~django_taskclaim.config.options.retry_delay`: ``retry_backoff *
     2 ** (attempts - 1)``, capped at ``retry_backoff_max``, spread by ``± retry_jitter``)
     with the backend's ``OPTIONS``; when the alias is no longer configured, the task
     model's own backoff (the ``TASKCLAIM_RETRY_*`` settings), as the core worker uses.
     """
     backend = announce.backend_for(alias)
     if backend is None:
-        from django_taskclaim.contrib.tasks.models import QueuedTask  # deferred: models need the app registry
+        from django_taskclaim.contrib.tasks.models import (
+            QueuedTask,  # deferred: models need the app registry
+        )
 
         return get_options(QueuedTask).backoff(attempts)
     base, cap, jitter = backend.retry_settings()

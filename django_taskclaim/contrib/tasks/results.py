@@ -12,8 +12,7 @@ from django.tasks.base import TaskError
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from django_taskclaim.options import get_options
-
+from django_taskclaim.config.options import get_options
 from django_taskclaim.contrib.tasks.exceptions import TaskUnavailable
 
 #: Logical claim state of a row -> status of its ``TaskResult``.

@@ -11,13 +11,20 @@ from __future__ import annotations
 
 from functools import partial
 
-from django_taskclaim.exceptions import Fail
-from django_taskclaim.lifecycle import BatchableResult
-
 from django_taskclaim.contrib.tasks import announce
-from django_taskclaim.contrib.tasks.announce import DJANGO_LOG_ONLY, NOBODY, RECEIVERS, audience, log_would_emit
+from django_taskclaim.contrib.tasks.announce import (
+    DJANGO_LOG_ONLY,
+    NOBODY,
+    RECEIVERS,
+    audience,
+    log_would_emit,
+)
 from django_taskclaim.contrib.tasks.calling import Binder, Plan, decode, plan_for, storable
-from django_taskclaim.contrib.tasks.exceptions import ArgumentsUndecodable, ReturnValueNotSerializable, TaskUnavailable
+from django_taskclaim.contrib.tasks.exceptions import (
+    ArgumentsUndecodable,
+    ReturnValueNotSerializable,
+    TaskUnavailable,
+)
 from django_taskclaim.contrib.tasks.models import QueuedTask
 from django_taskclaim.contrib.tasks.outcomes import (
     MAX_ERRORS,
@@ -30,6 +37,8 @@ from django_taskclaim.contrib.tasks.outcomes import (
 )
 from django_taskclaim.contrib.tasks.outcomes import start as _start
 from django_taskclaim.contrib.tasks.results import to_result
+from django_taskclaim.exceptions import Fail
+from django_taskclaim.settle.outcome import BatchableResult
 
 #: Kept under the names they had before the runner was split.
 _Binder = Binder

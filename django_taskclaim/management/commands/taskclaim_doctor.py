@@ -10,9 +10,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from django_taskclaim.doctor import diagnose, exit_code, format_findings
+from django_taskclaim.config.options import resolve_model
 from django_taskclaim.exceptions import TaskClaimError
-from django_taskclaim.options import resolve_model
+from django_taskclaim.ops.doctor import diagnose, exit_code, format_findings
 
 
 class Command(BaseCommand):

@@ -8,12 +8,12 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, router
 
-from django_taskclaim import bounds
+from django_taskclaim.config import bounds
+from django_taskclaim.config.options import claimable_models, get_options, resolve_model
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.management.verbosity import configure_logging
-from django_taskclaim.options import claimable_models, get_options, resolve_model
-from django_taskclaim.querysets import lease_running_q
-from django_taskclaim.reaper import recover_and_release, repeat_until_signalled
+from django_taskclaim.model.queryset import lease_running_q
+from django_taskclaim.recovery.reap import recover_and_release, repeat_until_signalled
 
 
 class Command(BaseCommand):
@@ -116,7 +116,7 @@ def held_with_valid_lease(model: Any, using: str | None, released: list[str]) ->
 
 
 def _number(value: Any, name: str) -> Any:
-    """An option (``None`` = not given) within :data:`django_taskclaim.bounds.REAP`."""
+    """An option (``None`` = not given) within :data:`django_taskclaim.config.bounds.REAP`."""
     if value is None:
         return None
     return bounds.number(value, name, bounds.REAP[name], parse=True, error=CommandError)

@@ -10,10 +10,10 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_taskclaim import bounds
+from django_taskclaim.config import bounds
+from django_taskclaim.config.options import resolve_model
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.management.verbosity import configure_logging
-from django_taskclaim.options import resolve_model
 from django_taskclaim.outbox import PublishError, Relay, make_publisher, outbox_model
 from django_taskclaim.outbox.relay import MAX_PARTITIONS
 

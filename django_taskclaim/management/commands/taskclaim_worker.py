@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from django_taskclaim.checks import TAG
+from django_taskclaim.checks.core import TAG
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.management.verbosity import configure_logging
 from django_taskclaim.worker import EXIT_GRACE_EXPIRED, EXIT_OK, Worker

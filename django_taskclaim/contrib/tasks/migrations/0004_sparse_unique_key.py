@@ -4,7 +4,7 @@ sees the two constraints as equal."""
 
 from django.db import migrations
 
-import django_taskclaim.unique
+import django_taskclaim.model.unique
 
 
 class Migration(migrations.Migration):
@@ -16,7 +16,7 @@ class Migration(migrations.Migration):
         migrations.RemoveConstraint(model_name="queuedtask", name="tctask_active_unique_key"),
         migrations.AddConstraint(
             model_name="queuedtask",
-            constraint=django_taskclaim.unique.SparseUniqueConstraint(
+            constraint=django_taskclaim.model.unique.SparseUniqueConstraint(
                 fields=("active_unique_key",), name="tctask_active_unique_key"
             ),
         ),

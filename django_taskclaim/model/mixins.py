@@ -1,0 +1,279 @@
+"""Abstract model mixins that make a model claimable. No concrete models live here.
+
+The one-line path is :class:`ClaimableModel`. Tables that already own some of these
+columns combine the finer mixins (at least :class:`ClaimFieldsMixin`, a status column and
+:class:`ClaimableMixin`) and map their own status values in ``ClaimMeta.statuses``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from django_taskclaim.config.options import CLAIM_STATE_FIELDS, get_options
+from django_taskclaim.db import DbNow
+from django_taskclaim.model.queryset import ClaimQuerySet
+from django_taskclaim.model.status import Status
+from django_taskclaim.settle import outcome as lifecycle
+
+
+class StatusFieldMixin(models.Model):
+    """Adds ``status`` (:class:`~django_taskclaim.model.status.Status`, default ``ready``)."""
+
+    status = models.CharField(
+        _("status"),
+        max_length=16,
+        choices=Status.choices,
+        default=Status.READY,
+        db_default=Status.READY.value,
+    )
+
+    class Meta:
+        abstract = True
+
+
+class ClaimFieldsMixin(models.Model):
+    """Adds the claim bookkeeping: ``version``, ``locked_until``, ``locked_by``, ``attempts``.
+
+    ``version`` is the claim token: bumped by every claim and every state change, and
+    every write a worker makes after its claim is conditioned on it.
+    """
+
+    version = models.PositiveBigIntegerField(
+        _("claim token"), default=0, db_default=0, editable=False
+    )
+    locked_until = models.DateTimeField(_("lease until"), null=True, blank=True, editable=False)
+    locked_by = models.CharField(
+        _("held by"), max_length=255, blank=True, default="", db_default="", editable=False
+    )
+    attempts = models.PositiveIntegerField(_("attempts"), default=0, db_default=0, editable=False)
+
+    class Meta:
+        abstract = True
+
+
+class ScheduleFieldsMixin(models.Model):
+    """Adds ``run_after`` (not before; ``NULL`` = now) and ``priority`` (higher first)."""
+
+    run_after = models.DateTimeField(_("run after"), null=True, blank=True)
+    priority = models.SmallIntegerField(_("priority"), default=0, db_default=0)
+
+    class Meta:
+        abstract = True
+
+
+class TimestampFieldsMixin(models.Model):
+    """Adds ``created_at`` (database clock; the FIFO key) and ``finished_at``."""
+
+    created_at = models.DateTimeField(_("created at"), db_default=DbNow(), editable=False)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True, editable=False)
+
+    class Meta:
+        abstract = True
+
+
+class ErrorFieldMixin(models.Model):
+    """Adds ``last_error``: why the last attempt failed, was retried or reaped."""
+
+    last_error = models.TextField(_("last error"), blank=True, default="", db_default="")
+
+    class Meta:
+        abstract = True
+
+
+class ClaimableMixin(models.Model):
+    """Behaviour of a claimed row: the fenced lifecycle methods. Adds no fields.
+
+    Every method writes with a condition on the claim token (``version``) the row was
+    claimed with; if the claim was lost meanwhile nothing is written and
+    :class:`~django_taskclaim.exceptions.ClaimLost` is raised.
+    """
+
+    objects = ClaimQuerySet.as_manager()
+
+    if TYPE_CHECKING:  # fields the claim mixins add (ClaimFieldsMixin); no field here
+        version: int
+        attempts: int
+        locked_until: datetime | None
+
+    class Meta:
+        abstract = True
+
+    # -- save() never clobbers the claim state ------------------------------------
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save the row; an existing row's claim bookkeeping is written only when named.
+
+        A plain ``save()`` of an existing row writes every field but the claim state
+        (status, token, lease, attempts, …), so editing a row's data while a worker
+        holds it cannot un-claim or re-open it. Naming any of those fields in
+        ``update_fields`` writes them and bumps the claim token (fencing any holder).
+        """
+        opts = get_options(self)
+        if opts.has("run_after"):
+            when = getattr(self, "run_after", None)
+            if isinstance(when, datetime) and settings.USE_TZ and timezone.is_naive(when):
+                raise ValueError(
+                    f"run_after must be timezone-aware (USE_TZ is on), got naive {when!r}; "
+                    "use django.utils.timezone.now() + timedelta(...)"
+                )
+        protected = CLAIM_STATE_FIELDS | {opts.status_field}
+        if not self._state.adding and self.pk is not None and not kwargs.get("force_insert"):
+            update_fields = kwargs.get("update_fields")
+            if update_fields is None:
+                kwargs["update_fields"] = [
+                    f.name
+                    for f in self._meta.concrete_fields
+                    if not f.primary_key and f.name not in protected
+                ]
+            elif set(update_fields) & protected:
+                fields = set(update_fields) | {"version"}
+                vars(self)["version"] = models.F("version") + 1
+                kwargs["update_fields"] = list(fields)
+                super().save(*args, **kwargs)
+                self.refresh_from_db(fields=["version"])
+                return
+        super().save(*args, **kwargs)
+
+    # -- fenced lifecycle -------------------------------------------------------
+    def complete(self, **fields: Any) -> None:
+        """Mark the claimed task ``done``, saving ``fields`` in the same fenced UPDATE.
+
+        ``fields`` are result fields: naming the primary key or the claim bookkeeping
+        (status, token, lease, holder, attempts, ``finished_at``, ``last_error``) raises
+        ``ValueError`` before anything is written."""
+        lifecycle.complete(self, **fields)
+
+    def fail(self, error: BaseException | str = "", **fields: Any) -> None:
+        """Mark the claimed task ``failed`` for good (the dead-letter state)."""
+        lifecycle.fail(self, error, **fields)
+
+    def retry(
+        self, delay: float | timedelta | None = None, error: BaseException | str = "", **fields: Any
+    ) -> str:
+        """Give the task back to run again after ``delay`` (default: the model's backoff).
+
+        Ends ``failed`` instead when ``max_attempts`` is exhausted. Returns the new
+        logical state (``"ready"`` or ``"failed"``).
+        """
+        return lifecycle.retry(self, delay=delay, error=error, **fields)
+
+    def release(self) -> None:
+        """Give the task back untouched: ``ready`` now, and this attempt is not counted."""
+        lifecycle.release(self)
+
+    def extend_lease(self, seconds: float | timedelta | None = None) -> None:
+        """Push the lease to ``now() + seconds`` (database clock; default: the model's lease)."""
+        lifecycle.extend_lease(self, seconds)
+
+    @contextmanager
+    def fenced(self, *, using: str | None = None, complete: bool = False) -> Iterator[None]:
+        """A transaction that commits only while this worker still holds the claim.
+
+        On entry the row is re-checked and row-locked inside a new transaction; if the
+        claim was lost, :class:`ClaimLost` is raised before the block runs. The reaper
+        and other writers wait for the lock, so writes made in the block (to any table)
+        commit only if the claim was still held. While the database is busy (SQLite's
+        single write lock, a deadlock) taking the lock is retried, at most
+        ``TASKCLAIM_DB_RETRIES`` times each waiting up to the database's lock timeout,
+        then the error is raised saying so.
+
+        ``complete=True`` makes the block exactly-once: leaving it normally also marks
+        the task ``done`` in the same transaction (unless the block finished it itself),
+        writing with it the fields of this object the block changed (``self.text =
+        …``), so its writes and the completion commit together or not at all. A block
+        that changed the primary key or a claim field gets ``ValueError`` and nothing
+        commits. Without ``complete=True``, the writes commit at the end of the block and
+        the completion comes later: a crash in between runs the task again and repeats
+        them (at least once); fields set on this object are not saved by the block. If
+        the block raises, nothing it wrote commits and the task object is as it was on
+        entry.
+        """
+        with lifecycle.fenced(self, using=using, complete=complete):
+            yield
+
+    def cancel_requested(self, *, check: bool = False) -> bool:
+        """Whether this claim has been taken back (cancelled, released by an operator,
+        taken by another worker), so the running body should stop.
+
+        In a worker the heartbeat sets it within one heartbeat interval of the change;
+        asking costs nothing. ``check=True`` also asks the database (one ``SELECT``),
+        e.g. outside a worker. Once ``True`` it stays ``True``. Stopping is cooperative:
+        a body that goes on is not interrupted, but none of its fenced writes lands.
+        """
+        return lifecycle.cancel_requested(self, check=check)
+
+    @property
+    def claim_state(self) -> str | None:
+        """The logical state of the row (``"ready"``, ``"processing"``, …)."""
+        opts = get_options(self)
+        return opts.state_of(getattr(self, opts.status_field))
+
+
+def claim_indexes(
+    prefix: str,
+    *,
+    status_field: str = "status",
+    ready: Any = Status.READY.value,
+    processing: Any = Status.PROCESSING.value,
+    order: Iterable[str] = ("-priority", "created_at"),
+) -> list[models.Index]:
+    """Return the two partial indexes the claim and reaper queries use.
+
+    For models whose table, status values or ordering differ from
+    :class:`ClaimableModel`'s: put the result in ``Meta.indexes``. ``prefix`` makes
+    the index names (keep it ≤ 24 characters).
+    """
+    return [
+        models.Index(
+            fields=list(order),
+            condition=models.Q(**{status_field: ready}),
+            name=f"{prefix}_claim",
+        ),
+        models.Index(
+            fields=["locked_until"],
+            condition=models.Q(**{status_field: processing}),
+            name=f"{prefix}_lease",
+        ),
+    ]
+
+
+class ClaimableModel(
+    ClaimableMixin,
+    StatusFieldMixin,
+    ClaimFieldsMixin,
+    ScheduleFieldsMixin,
+    TimestampFieldsMixin,
+    ErrorFieldMixin,
+):
+    """A model whose rows are tasks: inherit it and its rows can be claimed.
+
+    Adds ``status``, ``version``, ``locked_until``, ``locked_by``, ``attempts``,
+    ``run_after``, ``priority``, ``created_at``, ``finished_at`` and ``last_error``;
+    the manager ``objects`` (:class:`~django_taskclaim.model.queryset.ClaimQuerySet`); and
+    partial indexes matching the claim query (``status = 'ready'`` ordered by
+    ``-priority, created_at``) and the reaper query (``status = 'processing'`` by
+    ``locked_until``). If your model declares its own ``Meta``, inherit
+    ``ClaimableModel.Meta`` to keep the indexes.
+    """
+
+    class Meta:
+        abstract = True
+        indexes = [
+            models.Index(
+                fields=["-priority", "created_at"],
+                condition=models.Q(status="ready"),
+                name="%(app_label).9s_%(class).12s_claim",
+            ),
+            models.Index(
+                fields=["locked_until"],
+                condition=models.Q(status="processing"),
+                name="%(app_label).9s_%(class).12s_lease",
+            ),
+        ]

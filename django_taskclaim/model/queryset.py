@@ -1,0 +1,478 @@
+"""``ClaimQuerySetMixin``: claims, filters and fenced bulk operations on claimable rows.
+
+Filters are adjectives (``claimable()``, ``expired()``), mutations are verbs
+(``claim()``, ``requeue()``, ``reap()``). Every method composes with the caller's own
+filters: ``Document.objects.filter(kind="invoice").claim(10)``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from functools import partial
+from typing import TYPE_CHECKING, Any, Self
+
+from asgiref.sync import sync_to_async
+from django.db import DatabaseError, connections, models, transaction
+from django.db.models import Count, F, Q, Value
+from django.db.models.functions import Coalesce, Concat
+
+from django_taskclaim import signals
+from django_taskclaim.claim import resolve, status_recheck, validate_lease
+from django_taskclaim.config import bounds
+from django_taskclaim.config.options import ClaimOptions, get_options
+from django_taskclaim.db import (
+    DbNow,
+    default_worker_id,
+    in_user_atomic,
+    is_transient,
+    retry_transient,
+)
+from django_taskclaim.exceptions import ClaimInTransactionError, ConfigurationError
+from django_taskclaim.model.unique import insert_unique
+from django_taskclaim.settle import outcome as lifecycle
+
+if TYPE_CHECKING:
+    from django_taskclaim.recovery.reap import ReapResult
+
+logger = logging.getLogger("django_taskclaim.claim")
+
+#: The key under which :meth:`ClaimQuerySetMixin.state_counts` counts rows whose stored
+#: status maps to no logical state (a value written outside the library).
+UNKNOWN_STATE = "unknown"
+
+
+# -- the rules every figure, filter and recovery shares ---------------------------------
+
+
+def lease_expired_q(opts: ClaimOptions) -> Q:
+    """The "lease expired" rule: ``processing`` rows whose ``locked_until`` is before the
+    database's ``now()`` (never the caller's clock).
+
+    Exactly the rows :func:`~django_taskclaim.recovery.reap.reap` takes back; also the
+    ``expired()`` filter, the ``expired`` figures and the admin's lease filter and
+    "reap now" action. Usable on any queryset of the model and inside UPDATEs.
+    """
+    return opts.status_q("processing") & Q(locked_until__lt=DbNow())
+
+
+def lease_running_q(opts: ClaimOptions) -> Q:
+    """``processing`` rows whose lease has not expired by :func:`lease_expired_q`:
+    ``locked_until`` at or after the database's ``now()``."""
+    return opts.status_q("processing") & Q(locked_until__gte=DbNow())
+
+
+def lease_ended(locked_until: datetime, now: datetime) -> bool:
+    """:func:`lease_expired_q` for a value already read: whether a lease ending at
+    ``locked_until`` has expired at ``now``, which must be the database's clock (for
+    example the admin's per-row annotation of it)."""
+    return locked_until < now
+
+
+def as_claim_queryset(queryset: models.QuerySet) -> Any:
+    """``queryset`` itself when it has the claim methods, else the same query (same
+    filters, annotations and database) as a :class:`ClaimQuerySet`. For querysets from a
+    plain manager or ``_base_manager`` of a claimable model."""
+    if isinstance(queryset, ClaimQuerySetMixin):
+        return queryset
+    return ClaimQuerySet(model=queryset.model, query=queryset.query.chain(), using=queryset.db)
+
+
+def _plain_key(qs: Any, strategy: str) -> tuple[Any, ...] | None:
+    """A cache key for claims on ``qs`` when it has no filters, slicing, ``extra()``,
+    ``distinct()`` or set operation of the caller's: its claim SQL is then the same
+    every time. ``None`` otherwise (the SQL is compiled afresh)."""
+    query = qs.query
+    if (
+        query.has_filters()
+        or query.is_sliced
+        or query.extra
+        or query.distinct
+        or query.combinator
+        or query.select_for_update
+        or query.deferred_loading != (frozenset(), True)  # only() / defer()
+    ):
+        return None
+    return (type(qs), qs.model, qs.db, strategy)
+
+
+_CLAIMABLE: dict[tuple[Any, ...], Any] = {}
+
+
+def _claimable(qs: Any, cache_key: tuple[Any, ...] | None) -> Any:
+    """``qs.claimable()``, built once per ``cache_key``. The strategies only derive new
+    querysets from it (or use its model and database), never evaluate it."""
+    if cache_key is None:
+        return qs.claimable()
+    found = _CLAIMABLE.get(cache_key)
+    if found is None:
+        if len(_CLAIMABLE) >= 512:
+            _CLAIMABLE.clear()
+        found = _CLAIMABLE[cache_key] = qs.claimable()
+    return found
+
+
+if TYPE_CHECKING:
+    _QuerySetBase = models.QuerySet[Any]
+else:
+    _QuerySetBase = object
+
+
+class ClaimQuerySetMixin(_QuerySetBase):
+    """Mix into your own ``QuerySet`` to make its model's rows claimable."""
+
+    # -- helpers ------------------------------------------------------------------
+    @property
+    def claim_options(self) -> ClaimOptions:
+        """The model's resolved claim options (raises ``NotClaimableError`` if none)."""
+        return get_options(self.model)
+
+    def _qs(self) -> models.QuerySet:
+        return self
+
+    # -- filters --------------------------------------------------------------------
+    def in_state(self, *states: str) -> Self:
+        """Rows whose status is one of the logical ``states`` (``"ready"``, ``"done"``…)."""
+        return self._qs().filter(self.claim_options.status_q(*states))  # type: ignore[return-value]
+
+    def claimable(self) -> Self:
+        """Rows that can be claimed now: ``ready`` and ``run_after`` passed (database clock)."""
+        opts = self.claim_options
+        qs = self._qs().filter(opts.status_q("ready"))
+        if opts.has("run_after"):
+            qs = qs.filter(Q(run_after__isnull=True) | Q(run_after__lte=DbNow()))
+        return qs  # type: ignore[return-value]
+
+    def ready(self) -> Self:
+        """Rows in the ``ready`` state, including those deferred by ``run_after``."""
+        return self.in_state("ready")
+
+    def processing(self) -> Self:
+        """Rows currently held under a lease (or whose lease expired but were not reaped)."""
+        return self.in_state("processing")
+
+    def expired(self) -> Self:
+        """``processing`` rows whose lease ended before the database's ``now()``: the
+        rows a reap takes back (:func:`lease_expired_q`)."""
+        return self._qs().filter(lease_expired_q(self.claim_options))  # type: ignore[return-value]
+
+    def done(self) -> Self:
+        return self.in_state("done")
+
+    def failed(self) -> Self:
+        return self.in_state("failed")
+
+    def cancelled(self) -> Self:
+        return self.in_state("cancelled")
+
+    # -- claiming ---------------------------------------------------------------------
+    def claim(
+        self,
+        n: int = 1,
+        *,
+        lease: float | timedelta | None = None,
+        worker: str | None = None,
+        strategy: str | None = None,
+    ) -> list[Any]:
+        """Claim up to ``n`` claimable rows of this queryset for ``lease`` seconds.
+
+        Guarantees: no row is handed to two claimers at once (on every strategy and
+        database); each returned row is ``processing`` with its token (``version``)
+        and ``attempts`` bumped and ``locked_until = now() + lease`` on the database
+        clock; rows come oldest first within priority. Fewer than ``n`` (or none) may
+        come back when rows are scarce or held by others (with ``serializable``, also
+        when every retry lost the race to other claimers). Refused inside the caller's
+        own ``atomic()`` block (except with ``strategy="hold"``, which requires one).
+        """
+        n = bounds.number(n, "claim(n)", bounds.CLAIM_SIZE, error=ValueError)
+        opts = self.claim_options
+        using = self.db
+        lease_s = validate_lease(opts.lease if lease is None else lease)
+        if worker is not None and (not isinstance(worker, str) or len(worker) > 255):
+            raise ConfigurationError(
+                f"worker must be a string of at most 255 characters, got {worker!r}"
+            )
+        worker = worker or default_worker_id()
+        strat = resolve(strategy or opts.strategy, using)
+        if strat.needs_caller_atomic:
+            if not in_user_atomic(using):
+                raise ClaimInTransactionError(
+                    f"strategy {strat.name!r} holds row locks for a transaction: call it "
+                    f"inside transaction.atomic(using={using!r}) and process the rows there"
+                )
+        elif in_user_atomic(using):
+            raise ClaimInTransactionError(
+                "claim() was called inside an open transaction.atomic() block: the claim "
+                "would stay invisible to other workers until that block commits and would "
+                "hold row locks meanwhile. Claim outside the block, then use "
+                "task.fenced() for transactional work on the claimed row."
+            )
+        cache_key = _plain_key(self, strat.name)
+        qs = _claimable(self, cache_key)
+        try:
+            rows = retry_transient(
+                lambda: strat.claim(
+                    qs, n, opts=opts, lease=lease_s, worker=worker, cache_key=cache_key
+                ),
+                using,
+                what=f"claim {opts.label}",
+            )
+        except DatabaseError as exc:
+            if not (strat.conflict_means_taken and is_transient(exc, using)):
+                raise
+            logger.info("claim of %s lost the race on every retry: claimed nothing", opts.label)
+            return []
+        if rows:
+            signals.task_claimed.send(sender=self.model, tasks=rows, worker=worker, using=using)
+        return rows
+
+    def claim_next(self, **kwargs: Any) -> Any | None:
+        """Claim the oldest claimable row, or return ``None``. Same guarantees as ``claim``."""
+        rows = self.claim(1, **kwargs)
+        return rows[0] if rows else None
+
+    async def aclaim(self, n: int = 1, **kwargs: Any) -> list[Any]:
+        """Async twin of :meth:`claim` (runs it in a thread)."""
+        return await sync_to_async(self.claim)(n, **kwargs)
+
+    async def aclaim_next(self, **kwargs: Any) -> Any | None:
+        """Async twin of :meth:`claim_next`."""
+        return await sync_to_async(self.claim_next)(**kwargs)
+
+    # -- unique enqueue ---------------------------------------------------------------
+    def enqueue_unique(self, *, key_field: str | None = None, **fields: Any) -> tuple[Any, bool]:
+        """Create a row from ``fields`` unless an active (``ready`` / ``processing``) row
+        has the same key; return ``(row, created)``, the existing row when not created.
+
+        The model needs an :class:`~django_taskclaim.model.unique.ActiveKeyField` on the key
+        field and a unique constraint on it; ``key_field`` names the key when the model
+        has several. The database's unique constraint decides, so concurrent callers
+        never create two active rows with one key; other integrity errors are raised.
+        Works inside and outside ``transaction.atomic()``. See
+        :func:`django_taskclaim.model.unique.insert_unique` and ``docs/unique.md``.
+        """
+        model = self.model
+        self._for_write = True
+        using = self.db
+        return insert_unique(lambda: model(**fields), using=using, key_field=key_field)
+
+    async def aenqueue_unique(
+        self, *, key_field: str | None = None, **fields: Any
+    ) -> tuple[Any, bool]:
+        """Async twin of :meth:`enqueue_unique` (runs it in a thread)."""
+        return await sync_to_async(self.enqueue_unique)(key_field=key_field, **fields)
+
+    # -- heartbeats -------------------------------------------------------------------
+    def extend_leases(
+        self, tasks: Sequence[Any], seconds: float | timedelta | None = None
+    ) -> list[Any]:
+        """Extend the leases of the claimed ``tasks`` in one statement; return those lost.
+
+        A task is lost when its token no longer matches (reaped, re-claimed, changed).
+        Lost tasks are not touched. Does not bump the token.
+        """
+        if not tasks:
+            return []
+        lease, fenced, alive = self._held_by(tasks, seconds)
+        n = retry_transient(
+            lambda: fenced.update(locked_until=DbNow() + timedelta(seconds=lease)),
+            self.db,
+            what="extend leases",
+        )
+        if n == len(tasks):
+            return []
+        still = alive()
+        return [t for t in tasks if t.pk not in still]
+
+    def _held_by(
+        self, tasks: Sequence[Any], seconds: float | timedelta | None
+    ) -> tuple[float, models.QuerySet, Callable[[], set[Any]]]:
+        """For a lease write on ``tasks``: the lease (validated), their rows still under
+        each task's token (the fence), and a plain read of which of them are still
+        ``processing`` under it (no lock waited for: MVCC)."""
+        opts = self.claim_options
+        lease = validate_lease(opts.lease if seconds is None else seconds)
+        cond = Q()
+        for t in tasks:
+            cond |= Q(pk=t.pk, version=t.version)
+        base = self.model._base_manager.using(self.db)
+        fenced = base.filter(cond).filter(status_recheck(opts, "processing", self.db))
+        rows = base.filter(cond).filter(opts.status_q("processing"))
+        return lease, fenced, lambda: set(rows.values_list("pk", flat=True))
+
+    def renew_leases(
+        self, tasks: Sequence[Any], seconds: float | timedelta | None = None
+    ) -> tuple[list[Any], list[Any]]:
+        """Extend the leases of the claimed ``tasks`` without waiting for any row lock;
+        return ``(lost, busy)``.
+
+        Like :meth:`extend_leases` (fenced on each task's token, token unchanged), but a
+        row that another session holds locked (a web request's ``select_for_update()``,
+        an outcome write waiting on one) is skipped instead of waited for: it is
+        ``busy``, its claim still current, its lease not extended this time. ``lost``
+        are the tasks whose claim was taken back. The worker's heartbeat uses this, so
+        one locked row never delays the renewal of the others. On databases with
+        ``SKIP LOCKED`` (PostgreSQL, MariaDB ≥ 10.6, MySQL 8) the locked rows are
+        picked in one transaction (``SELECT … FOR UPDATE SKIP LOCKED``, then the
+        ``UPDATE``); elsewhere (SQLite, which locks the whole file) one ``UPDATE``.
+        """
+        if not tasks:
+            return [], []
+        lease, fenced, alive_now = self._held_by(tasks, seconds)
+        base = self.model._base_manager.using(self.db)
+        until = DbNow() + timedelta(seconds=lease)
+        features = connections[self.db].features
+        if not (features.has_select_for_update and features.has_select_for_update_skip_locked):
+            n = retry_transient(
+                lambda: fenced.update(locked_until=until), self.db, what="renew leases"
+            )
+            if n == len(tasks):
+                return [], []
+            renewed = None  # one statement: which rows it hit is not known
+        else:
+
+            def renew() -> set[Any]:
+                with transaction.atomic(using=self.db):
+                    pks = list(
+                        fenced.select_for_update(skip_locked=True).values_list("pk", flat=True)
+                    )
+                    if pks:
+                        base.filter(pk__in=pks).update(locked_until=until)
+                return set(pks)
+
+            renewed = retry_transient(renew, self.db, what="renew leases")
+            if len(renewed) == len(tasks):
+                return [], []
+        alive = alive_now()  # tells lost from busy
+        lost = [t for t in tasks if t.pk not in alive]
+        if renewed is None:
+            return lost, []
+        return lost, [t for t in tasks if t.pk in alive and t.pk not in renewed]
+
+    # -- batched acknowledgements -----------------------------------------------------
+    def complete_many(self, tasks: Iterable[Any]) -> list[Any]:
+        """Mark many claimed ``tasks`` ``done`` in one fenced UPDATE; return those lost.
+
+        Same guarantee as ``task.complete()`` for each task (a row is written only
+        while it still carries the claimed token), in one round trip per 500 tasks.
+        Result fields are not supported here: complete such tasks one by one.
+        """
+        tasks = list(tasks)
+        for t in tasks:
+            if not isinstance(t, self.model):
+                raise TypeError(f"complete_many() got {t!r}, not a {self.model._meta.label}")
+        return lifecycle.complete_many(tasks)
+
+    # -- bulk operations (fenced by the state condition, token bumped) ---------------
+    def _transition(
+        self,
+        from_states: Iterable[str],
+        to_state: str,
+        extra: dict[str, Any] | None = None,
+        *,
+        batch_size: int | None = None,
+    ) -> int:
+        opts = self.claim_options
+        from_states = tuple(from_states)
+        updates = {opts.status_field: opts.value(to_state), "version": F("version") + 1}
+        updates.update(extra or {})
+        base = self.model._base_manager.using(self.db)
+        scope = self.in_state(*from_states)
+        if batch_size is None:
+            return retry_transient(lambda: scope.update(**updates), self.db, what="transition")
+        batch_size = bounds.number(batch_size, "batch_size", bounds.BATCH_SIZE, error=ValueError)
+        total, last = 0, None
+        pk_name = self.model._meta.pk.name
+        while True:
+            page = scope.order_by("pk")
+            if last is not None:
+                page = page.filter(pk__gt=last)
+            pks = list(page.values_list("pk", flat=True)[:batch_size])
+            if not pks:
+                return total
+            last = pks[-1]
+            target = base.filter(**{f"{pk_name}__in": pks}).filter(opts.status_q(*from_states))
+            total += retry_transient(
+                partial(target.update, **updates),
+                self.db,
+                what="transition",
+            )
+
+    def requeue(self, *, reset_attempts: bool = True, batch_size: int | None = None) -> int:
+        """Put ``failed``/``cancelled``/``done`` rows back to ``ready`` now; return how many.
+
+        ``processing`` rows are left alone (use :meth:`release`). With
+        ``reset_attempts`` the retry budget starts over.
+        """
+        opts = self.claim_options
+        extra: dict[str, Any] = {"locked_until": None}
+        if reset_attempts:
+            extra["attempts"] = 0
+        if opts.has("run_after"):
+            extra["run_after"] = None
+        if opts.has("finished_at"):
+            extra["finished_at"] = None
+        states = [s for s in ("failed", "cancelled", "done") if opts.statuses.get(s) is not None]
+        return self._transition(states, "ready", extra, batch_size=batch_size)
+
+    def release(self, *, batch_size: int | None = None) -> int:
+        """Take ``processing`` rows back from their holders (who are fenced); ``ready`` now.
+
+        An operator's tool, whatever the leases: a holder that is still running its task
+        body keeps running it while another worker may start the row again. Released
+        rows are marked recovered (``locked_until`` kept), so workers run each alone, and
+        ``last_error`` names the worker they were taken from.
+        """
+        opts = self.claim_options
+        extra: dict[str, Any] = {}
+        if opts.has("last_error"):
+            holder = Coalesce(F("locked_by"), Value("?")) if opts.has("locked_by") else Value("?")
+            extra["last_error"] = Concat(
+                Value("released from worker "), holder, output_field=models.TextField()
+            )
+        return self._transition(["processing"], "ready", extra, batch_size=batch_size)
+
+    def cancel(self, *, batch_size: int | None = None) -> int:
+        """Cancel ``ready`` and ``processing`` rows; holders are fenced. Needs a cancelled state."""
+        opts = self.claim_options
+        if opts.statuses.get("cancelled") is None:
+            raise ConfigurationError(f"{opts.label} maps no 'cancelled' status")
+        extra: dict[str, Any] = {"locked_until": None}
+        if opts.has("finished_at"):
+            extra["finished_at"] = DbNow()
+        return self._transition(["ready", "processing"], "cancelled", extra, batch_size=batch_size)
+
+    def reap(self, **kwargs: Any) -> ReapResult:
+        """Recover this queryset's expired leases (:func:`~django_taskclaim.recovery.reap.reap`)."""
+        from django_taskclaim.recovery.reap import (
+            reap_queryset,  # deferred: cycle, the reaper imports this module
+        )
+
+        return reap_queryset(self._qs(), **kwargs)
+
+    def state_counts(self) -> dict[str, int]:
+        """Rows of this queryset per logical state, in one ``GROUP BY`` query.
+
+        Every state the model maps is present (0 when no row has it); rows whose stored
+        status maps to no state are counted under :data:`UNKNOWN_STATE`, present only
+        when there are some. The values add up to the number of rows. The one count per
+        state behind ``stats()``, the dashboard, ``taskclaim_stats`` and the admin.
+        """
+        opts = self.claim_options
+        counts = {state: 0 for state, v in opts.statuses.items() if v is not None}
+        for row in self._qs().order_by().values(opts.status_field).annotate(n=Count("pk")):
+            state = opts.state_of(row[opts.status_field]) or UNKNOWN_STATE
+            counts[state] = counts.get(state, 0) + row["n"]
+        return counts
+
+    def stats(self) -> dict[str, int]:
+        """:meth:`state_counts` plus ``expired`` (processing with a lapsed lease)."""
+        return {**self.state_counts(), "expired": self.expired().count()}
+
+
+class ClaimQuerySet(ClaimQuerySetMixin, models.QuerySet):
+    """A ``QuerySet`` with claims; attach with ``objects = ClaimQuerySet.as_manager()``."""
+
+
+ClaimManager = models.Manager.from_queryset(ClaimQuerySet)

@@ -1,0 +1,191 @@
+"""The doctor's queue checks, from the figures ``taskclaim_stats`` shows: rows waiting
+too long, leases nobody reaped, failed rows, silent workers, finished rows to prune."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db import DEFAULT_DB_ALIAS
+
+from django_taskclaim.config import bounds
+from django_taskclaim.config.settings import taskclaim_settings
+from django_taskclaim.db import DbNow
+from django_taskclaim.models import WorkerProcess
+from django_taskclaim.ops.doctor.context import ModelContext
+from django_taskclaim.ops.doctor.findings import Finding, duration_option, human_bytes
+from django_taskclaim.ops.figures import (
+    humanize_seconds,
+    live_workers,
+    silent_after,
+    silent_worker_q,
+)
+from django_taskclaim.recovery.prune import prune
+
+READY_AGE, NOT_REAPED, FAILED, SILENT, PRUNE = (
+    "TC-D020",
+    "TC-D021",
+    "TC-D022",
+    "TC-D023",
+    "TC-D030",
+)
+
+
+def ready_age(ctx: ModelContext) -> Finding:
+    """``TC-D020``: how long the oldest due ``ready`` row has waited (from its
+    ``created_at``); a warning above ``limits.ready_age`` seconds."""
+    alias, label = ctx.alias, ctx.label
+    stats = ctx.stats
+    if not ctx.opts.has("created_at"):
+        return Finding(
+            READY_AGE, "ok", alias, "the wait of ready rows is unknown: no created_at field", label
+        )
+    age = stats.oldest_ready_age
+    if age is None:
+        return Finding(READY_AGE, "ok", alias, "no ready row is due", label)
+    title = f"the oldest due ready row has waited {humanize_seconds(age)}"
+    if age <= ctx.limits.ready_age:
+        return Finding(READY_AGE, "ok", alias, title, label)
+    serving = sum(1 for w in live_workers(ctx.registry or alias) if label in w.models)
+    return Finding(
+        READY_AGE,
+        "warning",
+        alias,
+        title,
+        label,
+        detail=f"{stats.counts.get('ready', 0)} ready rows; {serving} live worker(s) serve "
+        f"{label}; a warning above {humanize_seconds(ctx.limits.ready_age)}",
+        fix=f"Run (more) workers for it: {ctx.command('taskclaim_worker')} "
+        "(--concurrency / --processes for more at once); taskclaim_stats shows the live ones.",
+    )
+
+
+def not_reaped(ctx: ModelContext) -> Finding:
+    """``TC-D021``: rows still ``processing`` well after their lease ended (the
+    ``expired()`` rule, for longer than ``limits.reap_grace_intervals`` reap intervals):
+    nothing reaps this database."""
+    alias, label = ctx.alias, ctx.label
+    interval = float(
+        bounds.number(
+            taskclaim_settings.REAP_INTERVAL,
+            "TASKCLAIM_REAP_INTERVAL",
+            bounds.SETTINGS["REAP_INTERVAL"],
+        )
+    )
+    grace = ctx.limits.reap_grace_intervals * interval
+    expired = ctx.stats.expired
+    overdue = (
+        ctx.rows().expired().filter(locked_until__lt=DbNow() - timedelta(seconds=grace)).count()
+        if expired
+        else 0
+    )
+    if overdue:
+        return Finding(
+            NOT_REAPED,
+            "warning",
+            alias,
+            f"{overdue} row(s) still processing more than {humanize_seconds(grace)} after "
+            "their lease ended",
+            label,
+            detail=f"{expired} expired lease(s) in all. Workers reap every "
+            f"TASKCLAIM_REAP_INTERVAL ({interval:g}s), so no worker or reaper runs for this "
+            "database, or its reaps fail",
+            fix=f"Run {ctx.command('taskclaim_reap')} now (it takes them back), then keep "
+            "workers running (they reap) or run python manage.py taskclaim_reap --interval "
+            f"{interval:g} as a service",
+        )
+    if expired:
+        return Finding(
+            NOT_REAPED,
+            "ok",
+            alias,
+            f"{expired} lease(s) ended less than {humanize_seconds(grace)} ago: the next "
+            "reap takes them back",
+            label,
+        )
+    return Finding(NOT_REAPED, "ok", alias, "no row is processing past its lease", label)
+
+
+def failed(ctx: ModelContext) -> Finding:
+    """``TC-D022``: rows that ended ``failed`` (their attempts used up); a warning when
+    there is any."""
+    alias, label = ctx.alias, ctx.label
+    count = ctx.stats.counts.get("failed", 0)
+    if not count:
+        return Finding(FAILED, "ok", alias, "no failed row", label)
+    name = ctx.model.__name__
+    age = duration_option(ctx.limits.prune_after)
+    return Finding(
+        FAILED,
+        "warning",
+        alias,
+        f"{count} failed row(s)",
+        label,
+        detail="each used up its attempts; last_error says why",
+        fix=f"Read last_error in the admin (filter: failed) and, once the cause is fixed, "
+        f"retry them with its 'Retry selected failed tasks' action or "
+        f"{name}.objects.failed().requeue() in python manage.py shell; to drop them: "
+        f"{ctx.command('taskclaim_prune', '--states', 'failed', '--older-than', age)}",
+    )
+
+
+def silent_workers(alias: str) -> Finding:
+    """``TC-D023``: registered workers not stopped and not heard from for
+    ``TASKCLAIM_WORKER_SILENT_AFTER`` seconds (the registry's silent rule); a warning
+    naming them."""
+    rows = list(
+        WorkerProcess.objects.using(alias)
+        .filter(silent_worker_q())
+        .order_by("worker_id")
+        .values_list("worker_id", "hostname", "pid")
+    )
+    if not rows:
+        return Finding(SILENT, "ok", alias, "no silent worker in the registry")
+    first = rows[0][0]
+    option = "" if alias == DEFAULT_DB_ALIAS else f" --database {alias}"
+    return Finding(
+        SILENT,
+        "warning",
+        alias,
+        f"{len(rows)} silent worker(s): {', '.join(r[0] for r in rows)}",
+        detail=f"not heard from for {silent_after():g}s (TASKCLAIM_WORKER_SILENT_AFTER): "
+        "paused, cut off or dead; their rows wait for their leases. "
+        + "; ".join(f"{w} is pid {pid} on {host}" for w, host, pid in rows),
+        fix="Check each process on its host. For one that is gone, "
+        f"python manage.py taskclaim_reap --release-worker {first}{option} frees its rows "
+        "now (never for one that runs), then delete its row in the admin (Workers).",
+    )
+
+
+def prunable(ctx: ModelContext) -> Finding:
+    """``TC-D030``: finished rows older than ``limits.prune_after`` (what
+    ``taskclaim_prune`` would delete) and the table's size where the vendor tells; a
+    warning from ``limits.prune_min_rows`` rows."""
+    alias, label, limits = ctx.alias, ctx.label, ctx.limits
+    if not ctx.opts.has("finished_at"):
+        return Finding(
+            PRUNE, "ok", alias, "the age of finished rows is unknown: no finished_at field", label
+        )
+    age = duration_option(limits.prune_after)
+    count = prune(ctx.model, older_than=limits.prune_after, dry_run=True, using=alias)
+    size = "size unknown on this database"
+    statement = ctx.sql.table_size(ctx.table, ctx.conn.ops.quote_name(ctx.table))
+    if statement is not None:
+        with ctx.conn.cursor() as cursor:
+            cursor.execute(statement.sql, statement.params)
+            row = cursor.fetchone()
+        if row and row[0] is not None:
+            size = f"the table takes {human_bytes(int(row[0]))}"
+    title = f"{count} done or cancelled row(s) finished more than {age} ago"
+    detail = f"{size}; a warning from {limits.prune_min_rows} rows"
+    command = ctx.command("taskclaim_prune", "--older-than", age)
+    if count < limits.prune_min_rows:
+        return Finding(PRUNE, "ok", alias, title, label, detail=f"{detail}; prune: {command}")
+    return Finding(
+        PRUNE,
+        "warning",
+        alias,
+        title,
+        label,
+        detail=detail,
+        fix=f"{command} (add --dry-run to count first; schedule it, e.g. daily).",
+    )

@@ -1,0 +1,172 @@
+"""Retention: deleting old finished rows (``manage.py taskclaim_prune``), or moving them
+to the model's archive (:mod:`django_taskclaim.recovery.archive`).
+
+:func:`prune` deletes one model's finished rows older than an age, in short batches
+that re-check state and age on the database's clock; :func:`prune_models` does it for
+several models (default: every claimable one); :func:`parse_age` reads the command's
+``--older-than``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.db import models, router
+from django.db.models import Q
+
+from django_taskclaim.config import bounds
+from django_taskclaim.config.options import claimable_models, get_options
+from django_taskclaim.db import DbNow
+from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.model.status import TERMINAL_STATES
+from django_taskclaim.recovery.archive import archive_finished
+
+logger = logging.getLogger("django_taskclaim.recovery.prune")
+
+
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+
+
+def parse_age(text: str) -> timedelta:
+    """``"90s"``, ``"15m"``, ``"12h"``, ``"7d"``, ``"2w"`` as a ``timedelta``, from 0 to
+    :data:`~django_taskclaim.config.bounds.MAX_AGE` (36500 days); anything else raises
+    :class:`ConfigurationError` in one line naming the text and saying how to write one
+    or what the bound is."""
+    match = _AGE.match(text or "")
+    if not match:
+        raise ConfigurationError(
+            f"--older-than {text!r} is not a duration; use a number and a unit "
+            "(s, m, h, d, w), e.g. --older-than 7d"
+        )
+    seconds = float(match.group(1)) * _AGE_UNITS[match.group(2)]  # inf for a huge number
+    if not seconds <= bounds.MAX_AGE:
+        raise ConfigurationError(
+            f"--older-than {text!r} is out of range: at most "
+            f"{bounds.MAX_AGE / bounds.DAY:g}d (100 years)"
+        )
+    return timedelta(seconds=seconds)
+
+
+@dataclass
+class PruneResult:
+    """Rows deleted (or, in a dry run, that would be) per model label, and the models
+    left alone because they have no ``finished_at``."""
+
+    per_model: dict[str, int] = field(default_factory=dict)
+    dry_run: bool = False
+    skipped: list[str] = field(default_factory=list)
+    #: model label → its archive's label, for the models whose rows were moved there
+    #: (``ClaimMeta.archive``) instead of deleted
+    archived: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.per_model.values())
+
+
+def prune(
+    model: type[models.Model],
+    *,
+    older_than: timedelta,
+    states: Sequence[str] = ("done", "cancelled"),
+    batch_size: int = 1000,
+    dry_run: bool = False,
+    using: str | None = None,
+    max_batches: int | None = None,
+) -> int:
+    """Delete finished rows of ``model`` whose ``finished_at`` is older than ``older_than``.
+
+    Only rows in the terminal ``states`` are touched; the age is measured with the
+    database's ``now()``. Works in batches of ``batch_size`` primary keys, each deleted
+    by a short statement that re-checks state and age, so the table is never locked
+    for long and a row requeued meanwhile is kept. Returns the number of rows deleted
+    (or that a ``dry_run`` would delete). ``older_than`` must be a ``timedelta`` from 0
+    to 36500 days, else :class:`ConfigurationError` and nothing is deleted.
+    """
+    older_than = bounds.span(older_than, "older_than", bounds.AGE)
+    opts = get_options(model)
+    if not opts.has("finished_at"):
+        raise ConfigurationError(
+            f"{opts.label} has no finished_at field, so the age of its finished rows is "
+            "unknown; add TimestampFieldsMixin or prune it with your own query"
+        )
+    bad = [s for s in states if s not in TERMINAL_STATES]
+    if bad or not states:
+        raise ConfigurationError(
+            f"can only prune finished states ({', '.join(TERMINAL_STATES)}), got {list(states)}"
+        )
+    mapped = [s for s in states if opts.statuses.get(s) is not None]
+    if not mapped:
+        return 0
+    batch_size = bounds.number(batch_size, "batch_size", bounds.BATCH_SIZE)
+    db = using or router.db_for_write(model)
+    cond = opts.status_q(*mapped) & Q(finished_at__lt=DbNow() - older_than)
+    scope = model._base_manager.using(db).filter(cond)
+    if dry_run:
+        return scope.count()
+    deleted = batches = 0
+    pick = scope.order_by("pk")
+    while max_batches is None or batches < max_batches:
+        batches += 1
+        pks = list(pick.values_list("pk", flat=True)[:batch_size])
+        if not pks:
+            break
+        # Keyset order: the next batch starts past this one, not over the index entries
+        # its deletion leaves behind until vacuum (each batch would be slower than the last).
+        pick = scope.order_by("pk").filter(pk__gt=pks[-1])
+        _, per = model._base_manager.using(db).filter(pk__in=pks).filter(cond).delete()
+        deleted += per.get(model._meta.label, 0)
+        logger.debug("pruned model=%s batch=%s rows=%s", opts.label, batches, len(pks))
+        if len(pks) < batch_size:
+            break
+    if deleted:
+        logger.info("pruned model=%s rows=%s older_than=%s", opts.label, deleted, older_than)
+    return deleted
+
+
+def prune_models(
+    models_: Sequence[type[models.Model]] = (),
+    *,
+    older_than: timedelta,
+    states: Sequence[str] = ("done", "cancelled"),
+    batch_size: int = 1000,
+    dry_run: bool = False,
+    using: str | None = None,
+) -> PruneResult:
+    """:func:`prune` each of ``models_``, or (none named) every claimable model.
+
+    A model that declares ``ClaimMeta.archive`` has its rows moved there instead
+    (:func:`~django_taskclaim.recovery.archive.archive_finished`), listed in ``archived``. A
+    named model without ``finished_at`` raises :class:`ConfigurationError`; when every
+    claimable model is pruned, such a model is listed in ``skipped`` instead. A bad
+    ``older_than`` is refused before any model is touched.
+    """
+    older_than = bounds.span(older_than, "older_than", bounds.AGE)
+    result = PruneResult(dry_run=dry_run)
+    for model in models_ or list(claimable_models()):
+        opts = get_options(model)
+        if not opts.has("finished_at"):
+            if models_:
+                raise ConfigurationError(
+                    f"{opts.label} has no finished_at field, so the age of its finished "
+                    "rows is unknown; add TimestampFieldsMixin to it, or leave it out"
+                )
+            result.skipped.append(opts.label)
+            continue
+        target = opts.archive
+        if target is not None:
+            result.archived[opts.label] = target._meta.label
+        result.per_model[opts.label] = (prune if target is None else archive_finished)(
+            model,
+            older_than=older_than,
+            states=states,
+            batch_size=batch_size,
+            dry_run=dry_run,
+            using=using,
+        )
+    return result

@@ -1,0 +1,268 @@
+"""Batched completions: many claimed rows made ``done`` with one fenced UPDATE.
+
+:func:`complete_many` writes a chunk of claimed tasks per model and database, each row
+only if it still carries its claim token (the guarantee of
+:func:`~django_taskclaim.settle.outcome.complete`). A handler's :class:`BatchableResult` waits
+on its task instance (:data:`PENDING_ATTR`) until that write, which carries each row's
+own result fields (:func:`~django_taskclaim.settle.outcome.complete_pending` writes one such
+task on its own). The single-row transitions live in :mod:`django_taskclaim.settle.outcome`,
+which re-exports :func:`complete_many`, :class:`BatchableResult` and :data:`PENDING_ATTR`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, cast
+
+from django.core.exceptions import FieldDoesNotExist
+from django.db import connections, models
+from django.db.models import F
+from django.db.models.expressions import Combinable, RawSQL
+
+from django_taskclaim import signals
+from django_taskclaim.backends import for_alias
+from django_taskclaim.claim import complete_many_in_one, status_recheck
+from django_taskclaim.config.options import (
+    CLAIM_STATE_FIELDS,
+    SLOT_FIELD,
+    ClaimOptions,
+    get_options,
+)
+from django_taskclaim.db import DbNow, retry_transient
+from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.model.claimable import Claimable
+from django_taskclaim.settle.writes import _check_fields as _check_model_fields
+from django_taskclaim.settle.writes import _db
+
+#: The lifecycle's logger: a lost claim is logged under one name, batched or not.
+logger = logging.getLogger("django_taskclaim.settle.outcome")
+
+COMPLETE_MANY_CHUNK = 500
+
+#: Attribute holding a deferred completion's result fields and callback on a task
+#: instance, between :func:`~django_taskclaim.settle.outcome.run_task` (with ``defer``) and
+#: :func:`complete_many`.
+PENDING_ATTR = "_taskclaim_pending"
+
+
+class BatchableResult(dict[str, Any]):
+    """Result fields a handler lets the worker write together with other completions.
+
+    A handler's returned mapping is normally written at once, in the completion's own
+    fenced UPDATE. Returned as a ``BatchableResult``, the fields may wait in the worker's
+    acknowledgement window (``--ack-window``) and be written with other tasks' results
+    in one fenced UPDATE by :func:`complete_many` — the same at-least-once contract as a
+    handler that returns nothing. Only plain values are batched: a result holding an
+    ORM expression is written at once, on its own. ``on_written`` (if given) is called
+    once the fields are written (for instance to send a "finished" signal).
+    """
+
+    def __init__(
+        self, fields: Mapping[str, Any], *, on_written: Callable[[], None] | None = None
+    ) -> None:
+        super().__init__(fields)
+        self.on_written = on_written
+
+
+def _check_fields(opts: ClaimOptions, task: Any, fields: Mapping[str, Any]) -> None:
+    """Refuse, before anything is written, result fields a transition may not write: the
+    primary key (``pk``, its name or column attribute, any primary-key field: the fenced
+    UPDATE would move the row), the claim bookkeeping (status, token, lease, holder,
+    attempts, ``finished_at``, ``last_error``, the concurrency slot: the transitions set
+    them) and names the model does not have. ``ValueError`` naming the field."""
+    meta = task._meta
+    pk = meta.pk
+    keys = {"pk", pk.name, pk.attname} if pk is not None else {"pk"}
+    bookkeeping = CLAIM_STATE_FIELDS | {opts.status_field, SLOT_FIELD}
+    for name in fields:
+        try:
+            field = meta.get_field(name)
+        except FieldDoesNotExist:
+            field = None
+        if name in keys or getattr(field, "primary_key", False):
+            raise ValueError(
+                f"{name!r} is the primary key of {opts.label}: result fields cannot "
+                "change which row a task is; nothing was written"
+            )
+        if field is not None and field.name in bookkeeping:
+            raise ValueError(f"{name!r} is claim bookkeeping; the lifecycle methods set it")
+    _check_model_fields(opts, task, fields)
+
+
+def _pending(task: Claimable) -> tuple[dict[str, Any], Callable[[], None] | None]:
+    """The deferred result fields and callback of ``task`` (kept until written: a write
+    retried after a lost connection must carry them again)."""
+    fields, after = task.__dict__.get(PENDING_ATTR) or ({}, None)
+    return dict(fields), after
+
+
+def complete_many(tasks: Iterable[Any]) -> list[Any]:
+    """Complete many claimed tasks with one fenced UPDATE per model and database.
+
+    Each row is written only if it still carries the claim token its instance holds
+    (``pk = ? AND version = ?`` for every task, ``status = processing``) — the same
+    guarantee as :func:`~django_taskclaim.settle.outcome.complete`. Result fields deferred by
+    :func:`~django_taskclaim.settle.outcome.run_task` (a :class:`BatchableResult`) are written
+    in the same statement, each row its own values. Returns the tasks whose claim was lost
+    (nothing was written for them); the others are ``done`` with their instances updated,
+    and ``task_completed`` is sent for each. A deferred result field naming the primary
+    key or the claim bookkeeping is refused (``ValueError``) before any row is written.
+    """
+    groups: dict[tuple[type[models.Model], str], list[Any]] = {}
+    checked: set[tuple[type[models.Model], frozenset[str]]] = set()
+    for task in tasks:
+        names = frozenset(_pending(task)[0])
+        if names and (type(task), names) not in checked:  # refused before any write
+            _check_fields(get_options(task), task, dict.fromkeys(names))
+            checked.add((type(task), names))
+        groups.setdefault((type(task), _db(task)), []).append(task)
+    lost: list[Any] = []
+    for (model, using), group in groups.items():
+        for i in range(0, len(group), COMPLETE_MANY_CHUNK):
+            lost.extend(_complete_chunk(model, using, group[i : i + COMPLETE_MANY_CHUNK]))
+    return lost
+
+
+def _tokens_match(model: type[models.Model], using: str, tokens: dict[Any, int]) -> RawSQL:
+    """``(pk, version) IN ((%s, %s), …)``: a row-value comparison (standard SQL, supported
+    by PostgreSQL, MySQL/MariaDB and SQLite) that the ORM has no public way to say; it
+    compiles once per batch instead of a hundred ``OR``-ed ``Q`` objects.
+
+    The parameters bypass the ORM's lookups, so each is converted here exactly as a
+    lookup would: ``get_db_prep_value`` of its field (a UUID primary key is a 32-digit
+    hex string on databases without a native UUID type, for instance)."""
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    table = qn(model._meta.db_table)
+    pk_field = model._meta.pk
+    version_field = model._meta.get_field("version")
+    pk_column = getattr(pk_field, "column", None)
+    version_column = getattr(version_field, "column", None)
+    if (
+        not isinstance(pk_field, models.Field)
+        or not isinstance(version_field, models.Field)
+        or not pk_column
+        or not version_column
+    ):
+        raise ConfigurationError(f"{model._meta.label} needs concrete pk and version columns")
+    pk = f"{table}.{qn(pk_column)}"
+    version = f"{table}.{qn(version_column)}"
+    pairs = ", ".join(["(%s, %s)"] * len(tokens))
+    params: list[Any] = []
+    for key, token in tokens.items():
+        params.append(pk_field.get_db_prep_value(key, connection))
+        params.append(version_field.get_db_prep_value(token, connection))
+    return RawSQL(f"({pk}, {version}) IN ({pairs})", params, output_field=models.BooleanField())
+
+
+def _complete_chunk(model: type[models.Model], using: str, tasks: list[Any]) -> list[Any]:
+    opts = get_options(model)
+    values: dict[str, Any] = {
+        opts.status_field: opts.value("done"),
+        "version": F("version") + 1,
+        "locked_until": None,
+    }
+    if opts.has("finished_at"):
+        values["finished_at"] = DbNow()
+    tokens = {t.pk: t.version for t in tasks}
+    if len(tokens) != len(tasks):
+        raise ValueError("complete_many() got the same row twice")
+    base = model._base_manager.using(using)
+    pending = {t.pk: _pending(t) for t in tasks}
+    # Deferred result fields: plain values, checked by run_task when it deferred them.
+    results = {pk: f for pk, (f, _a) in pending.items()}
+    if (
+        for_alias(using).completes_from_arrays
+        and len({tuple(sorted(f)) for f in results.values()}) == 1  # the usual: one handler
+    ):
+
+        def write() -> int:
+            return complete_many_in_one(model, using, opts, tokens, results)
+    else:
+        values.update(_per_row_values(model, tasks, results, using))
+        target = (
+            base.filter(pk__in=list(tokens))
+            .filter(_tokens_match(model, using, tokens))
+            .filter(status_recheck(opts, "processing", using))
+        )
+
+        def write() -> int:
+            return target.update(**values)
+
+    hit = retry_transient(write, using, what=f"complete {len(tasks)} {opts.label}")
+    if hit == len(tasks):
+        won = tasks
+    else:
+        # Some claims were lost. Every write to a claimed row bumps its token, so a row
+        # this statement completed is exactly one that is now done at token + 1.
+        now = dict(
+            base.filter(pk__in=list(tokens))
+            .filter(opts.status_q("done"))
+            .values_list("pk", "version")
+        )
+        won = [t for t in tasks if now.get(t.pk) == t.version + 1]
+    won_pks = {t.pk for t in won}
+    lost = [t for t in tasks if t.pk not in won_pks]
+    for task in tasks:
+        task.__dict__.pop(PENDING_ATTR, None)  # written, or lost for good
+    for task in lost:
+        logger.warning(
+            "claim lost model=%s pk=%s token=%s write=done: nothing was written",
+            opts.label,
+            task.pk,
+            task.version,
+        )
+    done_value = opts.value("done")
+    has_finished_at = opts.has("finished_at")
+    attnames: dict[str, str] = {}
+    for task in won:
+        setattr(task, opts.status_field, done_value)
+        task.version += 1
+        task.locked_until = None
+        if has_finished_at:
+            task.__dict__.pop("finished_at", None)  # the database clock's; loaded on access
+        fields, after = pending[task.pk]
+        for name, value in fields.items():
+            attname = attnames.get(name)
+            if attname is None:
+                attname = attnames[name] = getattr(model._meta.get_field(name), "attname", name)
+            if isinstance(value, Combinable | models.Expression):
+                task.__dict__.pop(attname, None)
+            else:
+                setattr(task, attname, value)
+        signals.task_completed.send(sender=model, task=task)
+        if after is not None:
+            after()
+    return lost
+
+
+def _per_row_values(
+    model: type[models.Model],
+    tasks: list[Any],
+    fields: dict[Any, dict[str, Any]],
+    using: str,
+) -> dict[str, RawSQL]:
+    """``field = CASE pk WHEN … THEN <that row's value> … ELSE field END`` for every
+    result field some task of the chunk carries: one statement, each row its own values.
+    Values are plain (see :class:`BatchableResult`), prepared by their field."""
+    names = sorted({name for f in fields.values() for name in f})
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    table = qn(model._meta.db_table)
+    pk_field = cast(models.Field, model._meta.pk)
+    pk_column = f"{table}.{qn(str(pk_field.column))}"
+    out: dict[str, RawSQL] = {}
+    for name in names:
+        field = cast(models.Field, model._meta.get_field(name))
+        params: list[Any] = []
+        for task in tasks:
+            if name in fields[task.pk]:
+                params.append(pk_field.get_db_prep_value(task.pk, connection))
+                params.append(field.get_db_prep_save(fields[task.pk][name], connection))
+        branches = " ".join(["WHEN %s THEN %s"] * (len(params) // 2))
+        column = f"{table}.{qn(str(field.column))}"
+        out[name] = RawSQL(
+            f"CASE {pk_column} {branches} ELSE {column} END", params, output_field=field
+        )
+    return out

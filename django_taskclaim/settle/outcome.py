@@ -1,0 +1,243 @@
+"""The fenced lifecycle of a claimed row, and ``run_task`` which drives one attempt.
+
+Every write of a claimed row is an ``UPDATE … WHERE pk = %s AND version = <claimed
+token> AND status = processing``: a worker that lost its claim writes nothing and gets
+:class:`~django_taskclaim.exceptions.ClaimLost`. This module holds the outcome rules of
+an attempt (:func:`attempt`, :func:`settle`, :func:`run_task`) and the cancellation
+flag a body reads (:func:`cancel_requested`). The single-row transitions
+(:func:`complete`, :func:`fail`, :func:`retry`, :func:`release`, :func:`extend_lease`,
+:func:`fenced`) and :class:`Outcome` are in :mod:`django_taskclaim.settle.transitions`, the
+batched completions in :mod:`django_taskclaim.settle.batch`; :func:`complete_many`,
+:class:`BatchableResult`, :data:`PENDING_ATTR` and the transitions are importable from
+here as well.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.db import models
+from django.db.models.expressions import Combinable
+
+from django_taskclaim.config.options import get_options
+from django_taskclaim.exceptions import ClaimLost, ConfigurationError, Fail, Retry
+from django_taskclaim.model.claimable import Claimable, model_of
+from django_taskclaim.settle.batch import COMPLETE_MANY_CHUNK as COMPLETE_MANY_CHUNK
+from django_taskclaim.settle.batch import PENDING_ATTR, BatchableResult, _check_fields
+from django_taskclaim.settle.batch import complete_many as complete_many
+from django_taskclaim.settle.transitions import Outcome, complete, fail, fenced, retry
+from django_taskclaim.settle.transitions import complete_pending as complete_pending
+from django_taskclaim.settle.transitions import extend_lease as extend_lease
+from django_taskclaim.settle.transitions import release as release
+from django_taskclaim.settle.writes import MAX_ERROR_CHARS as MAX_ERROR_CHARS
+from django_taskclaim.settle.writes import _db
+from django_taskclaim.settle.writes import format_error as format_error
+
+logger = logging.getLogger("django_taskclaim.settle.outcome")
+
+
+def _run_atomic(task: Claimable, handler: Callable[[Any], Any]) -> Any:
+    """``ClaimMeta.atomic``: the handler and the completion (with the result fields it
+    returns) in one fenced transaction. Raises whatever the handler raised, after the
+    rollback; a result the model cannot store rolls back too (``ValueError``)."""
+    opts = get_options(task)
+    with fenced(task):
+        if inspect.iscoroutinefunction(handler):
+            result = async_to_sync(handler)(task)
+        else:
+            result = handler(task)
+        if opts.state_of(getattr(task, opts.status_field)) == "processing":
+            fields = dict(result) if isinstance(result, Mapping) else {}
+            _check_fields(opts, task, fields)
+            complete(task, **fields)
+    return result
+
+
+class TaskAborted(Exception):
+    """A task body raised a ``BaseException`` that is not an ``Exception``
+    (``SystemExit``, ``KeyboardInterrupt``, ``GeneratorExit``, ``CancelledError``). In a
+    worker that is the task's failure (retried with backoff; the original is chained in
+    ``last_error``), never the end of the thread or of the process."""
+
+
+@dataclass
+class Attempt:
+    """What one run of a task body did: its ``result``, or the ``error`` it raised.
+
+    The input of :func:`settle`. Kept by the caller so that an outcome write cut by a
+    lost connection can be made again, unchanged, once the database is back (every
+    write is fenced, so a repeat of one that had landed writes nothing)."""
+
+    result: Any = None
+    error: BaseException | None = None
+
+
+def attempt(
+    task: Claimable, handler: Callable[[Any], Any], *, catch_base_exceptions: bool = False
+) -> Attempt:
+    """Run the body once; never raises an ``Exception`` of the body (it is returned).
+
+    ``ClaimMeta.atomic`` models run body and completion in one fenced transaction (a
+    database error there means neither landed). With ``catch_base_exceptions`` (the
+    worker), a ``BaseException`` of the body becomes a :class:`TaskAborted` failure
+    instead of ending the calling thread."""
+    opts = get_options(task)
+    try:
+        if opts.atomic:
+            return Attempt(result=_run_atomic(task, handler))
+        if inspect.iscoroutinefunction(handler):
+            return Attempt(result=async_to_sync(handler)(task))
+        return Attempt(result=handler(task))
+    except Exception as exc:
+        return Attempt(error=exc)
+    except BaseException as exc:
+        if not catch_base_exceptions:
+            raise
+        aborted = TaskAborted(
+            f"the task raised {type(exc).__name__}"
+            + (f"({exc})" if str(exc) else "")
+            + ": it is treated as the task's failure"
+        )
+        aborted.__cause__ = exc
+        return Attempt(error=aborted)
+
+
+def settle(
+    task: Claimable, done: Attempt, *, defer: Callable[[Any], None] | None = None
+) -> Outcome:
+    """Record the outcome of one attempt; return it. The one place outcome rules live.
+
+    A result completes the row (a returned mapping is saved as result fields in the
+    same fenced UPDATE) unless the body finished the row itself; ``Retry`` → ready again
+    after its delay; ``Fail`` → failed for good; any other error → retried with
+    exponential backoff and jitter, ``failed`` once ``max_attempts`` claims were made;
+    ``ClaimLost`` → ``"lost"``, nothing written over the new holder. Outcomes: ``done``,
+    ``ready`` (retry), ``failed``, ``lost``, ``deferred``, or the state the body left the
+    row in. A ``DatabaseError`` of the outcome write propagates: call again with the
+    same ``done`` once the connection is back.
+
+    With ``defer``, a result without fields (or a :class:`BatchableResult`) is not
+    written here: ``defer(task)`` is called and ``"deferred"`` returned; the caller
+    completes it later (:func:`complete_many`, batching acknowledgements).
+    """
+    opts = get_options(task)
+    error = done.error
+    if isinstance(error, ClaimLost):
+        return Outcome.LOST
+    if error is None:
+        state = opts.state_of(getattr(task, opts.status_field))
+        if state != "processing":
+            return Outcome(state) if state else Outcome.UNKNOWN  # the body finished it
+        result = done.result
+        fields = dict(result) if isinstance(result, Mapping) else {}
+        batchable = isinstance(result, BatchableResult) and not any(
+            isinstance(v, Combinable | models.Expression) for v in fields.values()
+        )
+        try:
+            _check_fields(opts, task, fields)
+        except ValueError as exc:  # the body returned fields the model cannot store
+            error = exc
+        else:
+            if defer is not None and (batchable or not fields):
+                if batchable:
+                    task.__dict__[PENDING_ATTR] = (fields, result.on_written)
+                defer(task)
+                return Outcome.DEFERRED
+            try:
+                task.complete(**fields)
+            except ClaimLost:
+                return Outcome.LOST
+            if isinstance(result, BatchableResult) and result.on_written is not None:
+                result.on_written()
+            return Outcome.DONE
+    try:
+        if isinstance(error, Fail):
+            fail(task, error.reason)
+            return Outcome.FAILED
+        if isinstance(error, Retry):
+            return retry(task, delay=error.delay, error=error.reason or "retry requested")
+        logger.info(
+            "task raised model=%s pk=%s attempt=%s error=%r",
+            opts.label,
+            task.pk,
+            task.attempts,
+            error,
+        )
+        return retry(task, error=error)
+    except ClaimLost:
+        return Outcome.LOST
+
+
+def run_task(
+    task: Claimable,
+    handler: Callable[[Any], Any] | None = None,
+    *,
+    defer: Callable[[Any], None] | None = None,
+) -> Outcome:
+    """Run one attempt of a claimed task and record its outcome; return the outcome.
+
+    The handler (default: the model's ``ClaimMeta.handler``) gets the row; the outcome
+    follows :func:`settle`'s rules (result → done, ``Retry``, ``Fail``, other errors
+    retried with backoff until ``max_attempts``, a lost claim → ``"lost"``, never
+    overwriting the new holder). A ``BaseException`` of the handler propagates.
+    ``defer``: see :func:`settle`.
+    """
+    opts = get_options(task)
+    if handler is None:
+        handler = opts.handler()
+        if handler is None:
+            raise ConfigurationError(
+                f"{opts.label} has no processing entry point: define a process(self) "
+                "method or set ClaimMeta.handler"
+            )
+    return settle(task, attempt(task, handler), defer=defer)
+
+
+# -- cancellation: the body learns that its claim was taken back --------------------------
+#: The attribute of a claimed instance that holds its cancellation flag.
+CANCEL_ATTR = "_taskclaim_cancel"
+
+
+def cancel_flag(task: Claimable) -> threading.Event:
+    """The ``threading.Event`` set once the claim of ``task`` is known to be lost
+    (cancelled, released by an operator, reaped and taken by another worker). The same
+    object for the life of the instance; created on first use."""
+    flag = task.__dict__.get(CANCEL_ATTR)
+    if flag is None:
+        flag = task.__dict__.setdefault(CANCEL_ATTR, threading.Event())
+    return flag
+
+
+def claim_held(task: Claimable) -> bool:
+    """Whether the claim of ``task`` is still current: its row is ``processing`` under
+    the token the instance carries. One ``SELECT``; writes nothing."""
+    opts = get_options(task)
+    return (
+        model_of(task)
+        ._base_manager.using(_db(task))
+        .filter(pk=task.pk, version=task.version)
+        .filter(opts.status_q("processing"))
+        .exists()
+    )
+
+
+def cancel_requested(task: Claimable, *, check: bool = False) -> bool:
+    """Whether the claim of ``task`` is known to be lost, so its body should stop.
+
+    In a worker the heartbeat sets the flag (:func:`cancel_flag`) when it finds the
+    claim taken back: no query here. With ``check=True`` the database is asked as
+    well (:func:`claim_held`, one ``SELECT``) and a lost claim sets the flag. Once
+    ``True``, it stays ``True``; every later fenced write of the instance is refused."""
+    flag = cancel_flag(task)
+    if flag.is_set():
+        return True
+    if check and not claim_held(task):
+        flag.set()
+        return True
+    return False
