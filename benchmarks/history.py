@@ -4,7 +4,7 @@
     python benchmarks/history.py                          # 1,000,000 finished rows
     python benchmarks/history.py --finished 50000000      # the 50 M case (~1 h, ~20 GB)
 
-One claimable model with an archive (``tests.archiveapp.Report``, ``ClaimMeta.archive``)
+One claimable model with an archive (``tests.support.archiveapp.Report``, ``ClaimMeta.archive``)
 is measured three times in one run, the same ``--ready`` rows drained each time by
 ``--processes`` processes that loop ``claim_next()`` + ``complete()`` (each claim timed):
 
@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
 DB_NAME = "taskclaim_bench_history"
 sys.path.insert(0, str(ROOT))
-os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+os.environ["DJANGO_SETTINGS_MODULE"] = "tests.support.settings"
 os.environ["TASKCLAIM_TEST_DB"] = "postgres"
 os.environ["TASKCLAIM_TEST_DB_NAME"] = DB_NAME
 
@@ -66,7 +66,7 @@ def child(go: Path, out: Path) -> None:
     """One claimer process: wait for ``go``, then claim and complete until the queue is
     empty; write each claim's latency and the first/last instants."""
     django.setup()
-    from tests.archiveapp.models import Report
+    from tests.support.archiveapp.models import Report
 
     Report.objects.exists()  # connect before the start
     while not go.exists():
@@ -84,7 +84,7 @@ def child(go: Path, out: Path) -> None:
 
 
 def _drain(ready: int, processes: int) -> dict[str, Any]:
-    from tests.archiveapp.models import Report
+    from tests.support.archiveapp.models import Report
 
     Report.objects.bulk_create((Report(title=f"r{i}") for i in range(ready)), batch_size=5000)
     run = VAR / "history-run"
@@ -132,7 +132,7 @@ def _sizes() -> dict[str, Any]:
 
 
 def _counts_ms() -> float:
-    from tests.archiveapp.models import Report
+    from tests.support.archiveapp.models import Report
 
     times = []
     for _ in range(3):
@@ -150,7 +150,7 @@ def _vacuum() -> None:
 
 
 def _measure(case: str, args: argparse.Namespace) -> dict[str, Any]:
-    from tests.archiveapp.models import Report
+    from tests.support.archiveapp.models import Report
 
     runs = [_drain(args.ready, args.processes) for _ in range(args.repeat)]
     # The drained rows are deleted, so every case starts from the same table.
@@ -214,7 +214,7 @@ def main() -> None:
     from django.db import connection
 
     from django_taskclaim.recovery.archive import archive_finished
-    from tests.archiveapp.models import Report, ReportArchive
+    from tests.support.archiveapp.models import Report, ReportArchive
 
     call_command("migrate", verbosity=0)
     log(

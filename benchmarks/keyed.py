@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
 DB_NAME = "taskclaim_bench_keyed"
 sys.path.insert(0, str(ROOT))
-os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+os.environ["DJANGO_SETTINGS_MODULE"] = "tests.support.settings"
 os.environ["TASKCLAIM_TEST_DB"] = "postgres"
 os.environ["TASKCLAIM_TEST_DB_NAME"] = DB_NAME
 
@@ -57,7 +57,7 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from tests.keyedapp.models import KeyedJob, KeyRun, PairJob, PlainJob  # noqa: E402
+from tests.support.keyedapp.models import KeyedJob, KeyRun, PairJob, PlainJob  # noqa: E402
 
 MODELS = [("no key", PlainJob, None), ("key, limit 1", KeyedJob, 1), ("key, limit 2", PairJob, 2)]
 

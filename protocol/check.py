@@ -5,7 +5,7 @@
     python protocol/check.py --table    print docs/protocol.md's table of actions
     python protocol/check.py --names    list the names of protocol/actions.json that no
                                         longer exist in the code (with DJANGO_SETTINGS_MODULE
-                                        set, e.g. tests.settings)
+                                        set, e.g. tests.support.settings)
 
 Each run is ``spin -a`` with the run's bounds, ``gcc`` (``-DSAFETY`` for the safety runs,
 ``-DNFAIR`` for the run under weak fairness) and ``pan`` exhaustively (no bit-state

@@ -34,7 +34,7 @@ if [ ! -x "$venv/bin/python" ]; then
   pipi --upgrade "pip>=25.1" || say "could not upgrade pip (offline?); continuing with $("$venv/bin/python" -m pip --version | cut -d' ' -f1-2)"
 fi
 
-# Not Python packages: the protocol model check (tests/test_protocol.py) needs Spin and a C
+# Not Python packages: the protocol model check (tests/guarantees/test_protocol.py) needs Spin and a C
 # compiler (.ci/run installs them as root); without them it is skipped with the reason.
 if ! command -v spin >/dev/null || ! command -v gcc >/dev/null; then
   say "spin or gcc missing: the protocol model check will be skipped; to add it: apt-get install spin gcc"

@@ -22,12 +22,12 @@
 #   everything  the user's copy again, as the invoking user (root when run with sudo)
 #
 # Default: all of them. Environment: CHECK_TESTS (pytest selection, default
-# tests/test_claim.py), CHECK_USER, CHECK_KEEP=1 (keep the copies), TMPDIR.
+# tests/claim/test_claim.py), CHECK_USER, CHECK_KEEP=1 (keep the copies), TMPDIR.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 states=("$@")
 [ ${#states[@]} -gt 0 ] || states=(no-headers no-server crash user user-no-server everything)
-tests=${CHECK_TESTS:-tests/test_claim.py}
+tests=${CHECK_TESTS:-tests/claim/test_claim.py}
 user=${CHECK_USER:-nobody}
 root=no; [ "$(id -u)" = 0 ] && root=yes
 

@@ -69,7 +69,7 @@ if wanted lint; then
   "$venv/bin/ruff" format --check --quiet django_taskclaim tests example_project benchmarks \
     || { echo "ruff format: files need formatting (run: $venv/bin/ruff format .)"; ok=1; }
   "$venv/bin/mypy" || ok=1
-  TASKCLAIM_TEST_DB=sqlite "$py" -m django makemigrations --check --dry-run --settings=tests.settings_tasks -v1 || ok=1
+  TASKCLAIM_TEST_DB=sqlite "$py" -m django makemigrations --check --dry-run --settings=tests.support.settings_tasks -v1 || ok=1
   record lint "$([ $ok = 0 ] && echo ok || echo failed)" "$ok" $((SECONDS - t)) ""
   took lint $((SECONDS - t)) "$([ $ok = 0 ] && echo ok || echo FAILED)"
 fi
@@ -125,8 +125,8 @@ if [ -n "${TASKCLAIM_TESTS:-}" ]; then
   read -r -a sel <<<"$TASKCLAIM_TESTS"
   MAIN_TESTS+=("${sel[@]}")
 fi
-TASKS_TESTS=(-q --ds=tests.settings_tasks tests/test_tasks_backend.py tests/test_tasks_backend_worker.py
-  tests/test_seams_tasks_backend.py)
+TASKS_TESTS=(-q --ds=tests.support.settings_tasks tests/contrib/tasks/test_tasks_backend.py
+  tests/contrib/tasks/test_tasks_backend_worker.py tests/contrib/tasks/test_seams_tasks_backend.py)
 wanted sqlite && run_pass sqlite "$py" TASKCLAIM_TEST_DB=sqlite -- "${MAIN_TESTS[@]}"
 wanted sqlite-tasks && run_pass sqlite-tasks "$py" TASKCLAIM_TEST_DB=sqlite -- "${TASKS_TESTS[@]}"
 wanted postgresql && run_pass postgresql "$py" TASKCLAIM_TEST_DB=postgres -- "${MAIN_TESTS[@]}"
@@ -156,8 +156,8 @@ if wanted django52; then
     if [ -n "${TASKCLAIM_TESTS:-}" ]; then
       DJ52_TESTS+=("${sel[@]}")
     else
-      DJ52_TESTS+=(tests/test_claim.py tests/test_lifecycle.py tests/test_reaper.py
-        tests/test_checks.py tests/test_postgres.py)
+      DJ52_TESTS+=(tests/claim/test_claim.py tests/settle/test_lifecycle.py tests/recovery/test_reaper.py
+        tests/checks/test_checks.py tests/backends/test_postgres.py)
     fi
     run_pass django52 "$dj52/bin/python" TASKCLAIM_TEST_DB=postgres -- "${DJ52_TESTS[@]}"
   else

@@ -1,7 +1,0 @@
-from django.apps import AppConfig
-
-
-class ArchiveAppConfig(AppConfig):
-    name = "tests.archiveapp"
-    label = "archiveapp"
-    default_auto_field = "django.db.models.BigAutoField"

@@ -1,7 +1,0 @@
-from django.apps import AppConfig
-
-
-class AsyncAppConfig(AppConfig):
-    name = "tests.asyncapp"
-    label = "asyncapp"
-    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,243 @@
+"""Recovery seams: a crash-looping fleet still reaps; a frozen claimer never holds the
+claim gate for everyone.
+
+A worker's first in-worker reap comes a few seconds after it starts, not a whole
+``TASKCLAIM_REAP_INTERVAL`` later, so workers that keep dying young (SIGKILL every few
+seconds) still take back the rows whose lease expired. A large claim sent as two
+statements (Django's server-side binding cursors) bounds how long its transaction may sit
+idle between the gate and the claim: a claimer frozen there by SIGSTOP loses its session
+and the other claimers pass the gate.
+
+Run as a script (``python -m tests.recovery.test_seams_recovery freeze-at-gate MARKER``), this
+module is the claimer that freezes itself between the gate and its claim.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+from django.db.models.functions import Now
+from django.test.utils import override_settings
+
+from tests.support.helpers import child_env, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Imported lazily in the script mode (before django.setup()).
+if __name__ != "__main__":
+    from tests.support.testapp.models import Document
+    from tests.support.worker_procs import WorkerProc, stop_all
+
+
+# -- 1. a crash-looping fleet reaps -------------------------------------------------------
+
+LIFE = 4.0  # seconds each worker of the restart loop lives after its startup line
+
+
+def expired_rows(n: int) -> list[int]:
+    """``n`` rows held by a worker that is gone, their lease over on the database clock."""
+    Document.objects.bulk_create([Document(title=f"orphan {i}") for i in range(n)])
+    held = Document.objects.claim(n, worker="gone-for-good")
+    assert len(held) == n
+    Document.objects.filter(pk__in=[d.pk for d in held]).update(
+        locked_until=Now() - timedelta(seconds=5)
+    )
+    return [d.pk for d in held]
+
+
+def still_expired(pks: list[int]) -> int:
+    """Rows of ``pks`` still held by the dead claim (``version`` 1: never reaped)."""
+    return Document.objects.filter(pk__in=pks, status="processing", version=1).count()
+
+
+def test_a_worker_restart_loop_reaps_expired_leases():
+    """Workers SIGKILLed about 4 s after they start (the default 30 s reap interval, far
+    longer than a life): within three lives the rows whose lease ended are taken back
+    (token bumped: ready again, or claimed and run by a later worker)."""
+    pks = expired_rows(40)
+    procs: list[WorkerProc] = []
+    lives = 0
+    last_words = ""
+    try:
+        for _ in range(3):
+            w = WorkerProc(
+                "testapp.Document",
+                "--poll",
+                "0.2",
+                settings={"TASKCLAIM_REAP_INTERVAL": 30.0},
+            )
+            procs.append(w)
+            w.wait_started(timeout=60)
+            born = time.monotonic()
+            lives += 1
+            # A short life is what is simulated: live until reaped or LIFE seconds.
+            wait_for(
+                lambda b=born: still_expired(pks) == 0 or time.monotonic() - b >= LIFE,
+                timeout=LIFE + 30,
+                interval=0.1,
+                what="a reap or the end of a short life",
+            )
+            w.kill()
+            last_words = w.stderr()[-2000:]
+            if still_expired(pks) == 0:
+                break
+    finally:
+        stop_all(procs)
+    assert still_expired(pks) == 0, (
+        f"{still_expired(pks)} of {len(pks)} expired rows still held after {lives} worker "
+        f"lives of {LIFE} s:\n{last_words}"
+    )
+    rows = Document.objects.filter(pk__in=pks)
+    assert all(d.version >= 2 for d in rows)
+    assert not rows.filter(status="processing", locked_by="gone-for-good").exists()
+
+
+def test_the_first_reap_comes_soon_after_a_worker_starts():
+    from django_taskclaim.worker.reaping import FIRST_REAP, first_wait
+
+    low, high = FIRST_REAP
+    assert all(low <= first_wait(30.0) <= high for _ in range(200))
+    assert all(first_wait(0.3) <= 0.36 for _ in range(200))  # never later than the interval
+
+
+# -- 3. the claim gate is bounded ---------------------------------------------------------
+
+GATE = 5  # TASKCLAIM_CLAIM_GATE of both claimers: a claim of 5 rows takes the gate
+
+
+def _server_side_binding() -> None:
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    if connection.vendor != "postgresql":
+        pytest.skip(f"the claim gate is PostgreSQL's (running on {connection.vendor})")
+    if not is_psycopg3:
+        pytest.skip("server-side binding is a psycopg 3 option")
+
+
+def process_state(pid: int) -> str:
+    """The state letter of ``pid`` in ``/proc`` (``T``: stopped)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def gate_holders() -> int:
+    """Sessions holding a claim gate (granted advisory locks in its key space)."""
+    from django_taskclaim.backends.postgresql import CLAIM_GATE_SPACE
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND classid = %s::oid AND objsubid = 2",
+            [CLAIM_GATE_SPACE & 0xFFFFFFFF],
+        )
+        return int(cursor.fetchone()[0])
+
+
+@override_settings(TASKCLAIM_CLAIM_GATE=GATE)
+def test_a_claimer_frozen_between_gate_and_claim_does_not_hold_the_gate(tmp_path):
+    """Server-side binding: the gate and the claim are two statements of one transaction.
+    A claimer frozen (SIGSTOP) right after taking the gate loses its session within the
+    bound, the other large claims pass the gate, and the frozen one claimed nothing."""
+    _server_side_binding()
+    Document.objects.bulk_create([Document(title=str(i)) for i in range(20)])
+    marker = tmp_path / "at-gate"
+    frozen = subprocess.Popen(
+        [sys.executable, "-m", "tests.recovery.test_seams_recovery", "freeze-at-gate", str(marker)],
+        env=child_env(PYTHONUNBUFFERED="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    got: dict[str, Any] = {}
+
+    def large_claim() -> None:
+        try:
+            got["rows"] = Document.objects.claim(GATE)
+        except Exception as exc:  # reported by the assertion below
+            got["error"] = exc
+        finally:
+            connections.close_all()
+
+    waiter = threading.Thread(target=large_claim, daemon=True)
+    try:
+        wait_for(
+            lambda: (marker.exists() and process_state(frozen.pid) == "T") or frozen.poll(),
+            timeout=60,
+            what="the claimer frozen between the gate and its claim",
+        )
+        assert frozen.poll() is None, frozen.communicate()[0]
+        assert gate_holders() == 1, "the frozen claimer does not hold the gate"
+        started = time.monotonic()
+        waiter.start()
+        waiter.join(timeout=30)
+        waited = time.monotonic() - started
+        assert not waiter.is_alive(), "a large claim waited 30 s behind a frozen claimer"
+    finally:
+        if frozen.poll() is None:
+            os.kill(frozen.pid, signal.SIGCONT)
+        try:
+            output = frozen.communicate(timeout=60)[0]
+        except subprocess.TimeoutExpired:
+            os.kill(frozen.pid, signal.SIGKILL)
+            output = frozen.communicate()[0]
+        waiter.join(timeout=30)
+    assert "error" not in got, got.get("error")
+    assert len(got["rows"]) == GATE
+    assert waited < 20, f"the gate was held {waited:.1f} s by a frozen claimer"
+    # The frozen claimer's transaction ended with its session: it claimed nothing, and
+    # woken up it says so in one line.
+    assert "claimed=0" not in output
+    assert "claim failed:" in output, output
+    assert frozen.returncode == 3, output
+    assert Document.objects.filter(status="processing").count() == GATE
+    assert gate_holders() == 0
+
+
+def _freeze_at_gate(marker: str) -> int:
+    """Claim (server-side binding, gate at :data:`GATE`) and stop this process with
+    SIGSTOP right after the gate statement ran, before the claim is sent."""
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.support.settings")
+    django.setup()
+    from django.conf import settings
+    from django.db import DatabaseError
+    from django.db import connection as conn
+
+    from tests.support.testapp.models import Document as Doc
+
+    settings.TASKCLAIM_CLAIM_GATE = GATE
+    conn.settings_dict["OPTIONS"]["server_side_binding"] = True
+
+    def freeze_after_gate(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if "pg_advisory_xact_lock" in sql:
+            Path(marker).write_text("at the gate")
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return result
+
+    try:
+        with conn.execute_wrapper(freeze_after_gate):
+            rows = Doc.objects.claim(GATE, worker="frozen")
+    except DatabaseError as exc:
+        print(f"claim failed: {str(exc).strip().splitlines()[0]}")
+        return 3
+    print(f"claimed={len(rows)}")
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["freeze-at-gate"]:
+        sys.exit(_freeze_at_gate(sys.argv[2]))
+    sys.exit(f"usage: {sys.argv[0]} freeze-at-gate MARKER")

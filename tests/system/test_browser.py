@@ -1,0 +1,144 @@
+"""A real browser (Debian's chromium driven by Playwright) against a live server:
+log in, open the dashboard and a changelist, run "retry failed", see the counts change."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.db import connections
+
+from django_taskclaim.db import DbNow
+from django_taskclaim.models import WorkerProcess
+from tests.support.testapp.models import Document
+
+CHROMIUM = os.environ.get("TASKCLAIM_CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+
+
+def _skip_reason() -> str | None:
+    if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
+        return f"chromium not found at {CHROMIUM} (apt-get install chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the playwright Python package is not installed"
+    return None
+
+
+@pytest.fixture
+def browser_page():
+    reason = _skip_reason()
+    if reason:
+        print(f"\nSKIPPED browser test: {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(20_000)
+        try:
+            yield page
+        finally:
+            browser.close()
+            # ORM calls made while Playwright's loop runs use connections of that
+            # context: close them here, or the test database cannot be dropped.
+            connections.close_all()
+
+
+def summary_count(page, state: str) -> int:
+    return int(
+        page.locator(f'#taskclaim-summary [data-state="{state}"]').get_attribute("data-count")
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retry_failed_from_the_browser(live_server, django_user_model, browser_page, monkeypatch):
+    # Playwright's sync API runs an event loop in this thread; the ORM calls made here
+    # between page actions are plain synchronous test code.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    django_user_model.objects.create_superuser("boss", "boss@example.com", "browser-pw")
+    docs = Document.objects.bulk_create([Document(title=f"invoice {i:03d}") for i in range(30)])
+    pks = [d.pk for d in docs]
+    Document.objects.filter(pk__in=pks[:12]).update(status="done", finished_at=DbNow(), attempts=1)
+    Document.objects.filter(pk__in=pks[12:19]).update(
+        status="failed",
+        finished_at=DbNow(),
+        attempts=5,
+        last_error="Traceback (most recent call last):\n  ...\nTimeoutError: OCR took too long",
+    )
+    Document.objects.filter(pk__in=pks[19:22]).update(
+        status="processing",
+        locked_by="host-a:4242",
+        attempts=1,
+        locked_until=DbNow() + timedelta(seconds=240),
+    )
+    WorkerProcess.objects.create(
+        worker_id="host-a:4242",
+        hostname="host-a",
+        pid=4242,
+        concurrency=4,
+        processed=12,
+        in_flight=3,
+        model_labels=["testapp.Document"],
+    )
+    page = browser_page
+    base = live_server.url
+
+    page.goto(f"{base}/admin/login/?next=/admin/")
+    page.fill("#id_username", "boss")
+    page.fill("#id_password", "browser-pw")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#content-main")
+
+    # the admin index links to the app index, which carries the dashboard
+    page.click('a[href="/admin/taskclaim/"]')
+    page.wait_for_selector("#taskclaim-queues")
+    page.click("#taskclaim-open-dashboard")
+    page.wait_for_selector("#taskclaim-workers")
+    row = page.locator('#taskclaim-queues tr[data-model="testapp.Document"]')
+    assert row.locator('[data-state="failed"]').get_attribute("data-count") == "7"
+    assert row.locator('[data-state="done"]').get_attribute("data-count") == "12"
+    assert page.locator('tr.taskclaim-worker[data-worker="host-a:4242"]').count() == 1
+    page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+
+    # from the dashboard to the failed rows of the changelist
+    row.locator('[data-state="failed"] a').click()
+    page.wait_for_selector("#result_list")
+    assert summary_count(page, "failed") == 7
+    assert summary_count(page, "ready") == 8
+    assert page.locator("#result_list tbody tr").count() == 7
+    # the styles come from the static stylesheet, served and applied
+    badge = page.locator("#result_list .taskclaim-badge.taskclaim-failed").first
+    assert badge.evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(254, 226, 226)"
+    assert page.locator("#taskclaim-summary").evaluate("e => getComputedStyle(e).display") == (
+        "flex"
+    )
+    page.screenshot(path=str(ARTIFACTS / "changelist-before.png"), full_page=True)
+
+    page.check("#action-toggle")  # select every row on the page
+    page.select_option("select[name=action]", "taskclaim_retry_failed")
+    page.click("button[name=index]")
+    page.wait_for_selector("ul.messagelist li")
+    message = page.locator("ul.messagelist li").first.inner_text()
+    assert "Retry failed: 7 done, 0 skipped." in message
+    assert summary_count(page, "failed") == 0
+    assert summary_count(page, "ready") == 15
+    page.screenshot(path=str(ARTIFACTS / "changelist-after.png"), full_page=True)
+
+    assert Document.objects.failed().count() == 0
+    assert Document.objects.filter(pk__in=pks[12:19], status="ready", attempts=0).count() == 7
+
+    # the dashboard shows the new numbers too
+    page.goto(f"{base}/admin/taskclaim/workerprocess/dashboard/")
+    row = page.locator('#taskclaim-queues tr[data-model="testapp.Document"]')
+    assert row.locator('[data-state="failed"]').get_attribute("data-count") == "0"
+    assert row.locator('[data-state="ready"]').get_attribute("data-count") == "15"

@@ -1,7 +1,0 @@
-from django.apps import AppConfig
-
-
-class TestAppConfig(AppConfig):
-    name = "tests.testapp"
-    label = "testapp"
-    default_auto_field = "django.db.models.BigAutoField"
