@@ -66,7 +66,7 @@ STAGES = [
         "+ django_taskclaim worker modules imported",
         _BARE_SETTINGS
         + "from django.db import connection\nconnection.ensure_connection()\n"
-        + "import django_taskclaim.worker, django_taskclaim.management.commands.taskclaim_worker\n",
+        + "import django_taskclaim.worker, django_taskclaim.management.commands.worker\n",
     ),
 ]
 

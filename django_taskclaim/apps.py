@@ -11,7 +11,7 @@ class TaskClaimConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_migrate, pre_migrate
 
-        from django_taskclaim.checks import core as checks  # noqa: F401  (register the system checks)
+        import django_taskclaim.checks  # noqa: F401  (registers the system checks)
         from django_taskclaim.wakeup.notify import (
             connect_signals,  # deferred: connected once the app registry is ready
         )

@@ -1,4 +1,5 @@
-"""Connection helpers: transaction state, transient-error detection and bounded retry.
+"""Connection helpers: the database clock (`DbNow`, `db_now`), transaction state, transient-error
+detection and bounded retry.
 
 Database errors are classified through :func:`is_transient` and :func:`is_lock_timeout`
 and nowhere else; they ask the vendor's class in :mod:`django_taskclaim.backends`, which
@@ -13,11 +14,14 @@ import random
 import socket
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connections
 from django.db.models.functions import Now
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from django_taskclaim.backends import for_alias, for_connection
 from django_taskclaim.config.settings import taskclaim_settings
@@ -99,3 +103,25 @@ def default_worker_id(pid: int | None = None) -> str:
     """``host:pid`` — what ``locked_by`` records when no worker id is given (``pid``
     defaults to this process's)."""
     return f"{socket.gethostname()}:{os.getpid() if pid is None else pid}"
+
+
+def db_now(using: str = "default") -> datetime:
+    """The database server's current time (aware when ``USE_TZ``), one cheap query.
+
+    Lease and age figures are differences against this value, so a web server with a
+    skewed clock still shows what the database (and therefore the reaper) sees.
+    """
+    conn = connections[using]
+    statement = for_connection(conn).read_clock(use_tz=settings.USE_TZ)
+    if statement is None:  # pragma: no cover - other vendors
+        return timezone.now()
+    with conn.cursor() as cursor:
+        cursor.execute(statement.sql, statement.params or None)  # no params: % stays literal
+        value = cursor.fetchone()[0]
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if value is None:  # pragma: no cover - defensive
+        return timezone.now()
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value, UTC)
+    return value

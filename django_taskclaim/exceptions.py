@@ -7,7 +7,9 @@ exceptions a task body may raise (:class:`Retry`, :class:`Fail`) and the fencing
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -64,6 +66,29 @@ class LockLost(TaskClaimError):
     (at least in part) without the lock."""
 
 
+#: The longest ``Retry(delay=…)``: a year (``config.bounds.RETRY_DELAY`` has the same
+#: range; ``tests/unit/test_bounds.py`` checks that both refuse the same values alike).
+RETRY_DELAY_MAX = 365 * 24 * 3600.0
+
+
+def _retry_delay(delay: Any) -> float:
+    """``delay`` in seconds, or ``ValueError`` worded as ``config.bounds.number`` words it.
+
+    Checked here rather than with ``config.bounds``: the bounds raise this module's
+    :class:`ConfigurationError`, so this module stays below them."""
+    seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+    shown = seconds if isinstance(delay, timedelta) else delay
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise ValueError(f"Retry delay must be a number of seconds, got {shown!r}")
+    if not math.isfinite(seconds):
+        raise ValueError(f"Retry delay must be a finite number, got {shown!r}")
+    if seconds < 0:
+        raise ValueError(f"Retry delay must be >= 0, got {shown!r}")
+    if seconds > RETRY_DELAY_MAX:
+        raise ValueError(f"Retry delay must be from 0 to {RETRY_DELAY_MAX:g}, got {shown!r}")
+    return float(seconds)
+
+
 class Retry(Exception):
     """Raise from a task body to run it again later.
 
@@ -72,15 +97,7 @@ class Retry(Exception):
     """
 
     def __init__(self, delay: float | timedelta | None = None, reason: str = "") -> None:
-        seconds: float | None = None
-        if delay is not None:
-            from django_taskclaim.config import (
-                bounds,  # deferred: cycle, bounds imports ConfigurationError from here
-            )
-
-            seconds = bounds.number(
-                delay, "Retry delay", bounds.RETRY_DELAY, seconds=True, error=ValueError
-            )
+        seconds = None if delay is None else _retry_delay(delay)
         #: Seconds before the next attempt (a ``timedelta`` given is converted), or ``None``
         #: for the model's backoff.
         self.delay: float | None = seconds

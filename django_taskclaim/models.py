@@ -14,6 +14,7 @@ from django.db import models
 from django.utils.translation import gettext_lazy as _
 
 from django_taskclaim.db import DbNow
+from django_taskclaim.model.indexes import claim_indexes
 from django_taskclaim.model.mixins import (
     ClaimableMixin,
     ClaimableModel,
@@ -22,8 +23,8 @@ from django_taskclaim.model.mixins import (
     ScheduleFieldsMixin,
     StatusFieldMixin,
     TimestampFieldsMixin,
-    claim_indexes,
 )
+from django_taskclaim.periodic.call import run_function
 
 __all__ = [
     "ClaimFieldsMixin",
@@ -137,9 +138,5 @@ class PeriodicRun(ClaimableModel):
 
     def process(self) -> Any:
         """Call the function (with this row if it takes an argument); see
-        :func:`django_taskclaim.periodic.slots.run_function`."""
-        from django_taskclaim.periodic.slots import (
-            run_function,  # deferred: cycle, slots imports these models
-        )
-
+        :func:`django_taskclaim.periodic.call.run_function`."""
         return run_function(self)

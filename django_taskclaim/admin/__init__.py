@@ -24,57 +24,15 @@ file ``django_taskclaim/admin.css``.
 
 Modules: :mod:`.mixin` (the mixin), :mod:`.actions` (its actions), :mod:`.filters`,
 :mod:`.dashboard`, :mod:`.own_models` (the app's models), :mod:`.periodic` (the periodic
-schedules, slots and runs) and :mod:`.display` (badges, labels, durations).
+schedules, slots and runs) and :mod:`.display` (badges, labels, durations). Import a
+name from the module that defines it; only :class:`ClaimableAdminMixin` is named here.
 """
 
 from __future__ import annotations
 
-from django_taskclaim.admin.actions import ClaimActionsMixin
-from django_taskclaim.admin.dashboard import dashboard_context, dashboard_view
-from django_taskclaim.admin.display import (
-    NOW_ANNOTATION,
-    STYLESHEET,
-    annotated_now,
-    badge,
-    humanize_seconds,
-    site_by_name,
-    state_label,
-)
-from django_taskclaim.admin.filters import ClaimStatusFilter, ErrorFilter, LeaseFilter
-from django_taskclaim.admin.mixin import (
-    CLAIM_COLUMNS,
-    DEFAULT_STATUS_ORDERING,
-    READONLY_CLAIM_FIELDS,
-    ClaimableAdminMixin,
-)
-from django_taskclaim.admin.own_models import LeaseAdmin, ReadOnlyAdminMixin, WorkerProcessAdmin
-from django_taskclaim.admin.own_models import _AliveFilter as _AliveFilter
-from django_taskclaim.admin.periodic import PeriodicRunAdmin, PeriodicSlotAdmin
+# The app's own models are registered on the default admin site when the admin's
+# autodiscovery imports this package.
+from django_taskclaim.admin import own_models, periodic  # noqa: F401
+from django_taskclaim.admin.mixin import ClaimableAdminMixin
 
-#: The admin site of a request's ``current_app`` (used by the ``taskclaim_dashboard`` tag).
-_site_by_name = site_by_name
-
-__all__ = [
-    "CLAIM_COLUMNS",
-    "DEFAULT_STATUS_ORDERING",
-    "NOW_ANNOTATION",
-    "READONLY_CLAIM_FIELDS",
-    "STYLESHEET",
-    "ClaimActionsMixin",
-    "ClaimStatusFilter",
-    "ClaimableAdminMixin",
-    "ErrorFilter",
-    "LeaseAdmin",
-    "LeaseFilter",
-    "PeriodicRunAdmin",
-    "PeriodicSlotAdmin",
-    "ReadOnlyAdminMixin",
-    "WorkerProcessAdmin",
-    "annotated_now",
-    "badge",
-    "dashboard_context",
-    "dashboard_view",
-    "humanize_seconds",
-    "site_by_name",
-    "state_label",
-]
+__all__ = ["ClaimableAdminMixin"]

@@ -14,10 +14,12 @@ from django.utils.translation import gettext_lazy as _
 
 from django_taskclaim.admin.display import humanize_seconds, site_by_name, state_label
 from django_taskclaim.admin.filters import ClaimStatusFilter, LeaseFilter
-from django_taskclaim.config.options import claimable_models
+from django_taskclaim.config.discovery import claimable_models
+from django_taskclaim.db import db_now
 from django_taskclaim.model.status import STATE_NAMES
 from django_taskclaim.models import WorkerProcess
-from django_taskclaim.ops.figures import ModelStats, db_now, live_workers, model_stats, silent_after
+from django_taskclaim.ops.figures import ModelStats, live_workers, model_stats
+from django_taskclaim.rules import silent_after
 
 __all__ = ["dashboard_context", "dashboard_view"]
 

@@ -10,8 +10,9 @@ from django.contrib.admin.sites import all_sites
 from django.db import DEFAULT_DB_ALIAS
 from django.utils.html import format_html
 
+from django_taskclaim.db import db_now
 from django_taskclaim.model.status import Status
-from django_taskclaim.ops.figures import db_now, humanize_seconds
+from django_taskclaim.ops.figures import humanize_seconds
 
 __all__ = [
     "NOW_ANNOTATION",

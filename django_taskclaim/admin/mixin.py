@@ -27,8 +27,9 @@ from django_taskclaim.admin.display import (
 from django_taskclaim.admin.filters import ClaimStatusFilter, ErrorFilter, LeaseFilter
 from django_taskclaim.config.options import get_options
 from django_taskclaim.db import DbNow
-from django_taskclaim.model.queryset import UNKNOWN_STATE, lease_ended
+from django_taskclaim.model.status import UNKNOWN_STATE
 from django_taskclaim.ops.figures import model_stats
+from django_taskclaim.rules import lease_ended
 
 __all__ = [
     "CLAIM_COLUMNS",

@@ -7,7 +7,6 @@ from typing import Any
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import models
-from django.db.models import F
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
 from django.utils.translation import gettext_lazy as _
@@ -21,8 +20,9 @@ from django_taskclaim.admin.display import (
     humanize_seconds,
 )
 from django_taskclaim.db import DbNow
+from django_taskclaim.locks import break_lease
 from django_taskclaim.models import Lease, WorkerProcess
-from django_taskclaim.ops.figures import heard_from_recently, live_worker_q, silent_worker_q
+from django_taskclaim.rules import heard_from_recently, live_worker_q, silent_worker_q
 
 __all__ = ["LeaseAdmin", "ReadOnlyAdminMixin", "WorkerProcessAdmin"]
 
@@ -143,11 +143,7 @@ class LeaseAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         if not self.has_break_permission(request):
             raise PermissionDenied
         total = queryset.count()
-        held = queryset.filter(locked_until__gt=DbNow())
-        pks = list(held.values_list("pk", flat=True)[:10_000])
-        done = Lease.objects.filter(pk__in=pks, locked_until__gt=DbNow()).update(
-            locked_until=DbNow(), token=F("token") + 1
-        )
+        done = break_lease(queryset)
         text = _("Break leases: %(done)s done, %(skipped)s skipped") % {
             "done": done,
             "skipped": total - done,

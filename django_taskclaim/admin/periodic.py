@@ -16,8 +16,8 @@ from django.utils.translation import gettext_lazy as _
 from django_taskclaim.admin.display import STYLESHEET, badge, humanize_seconds
 from django_taskclaim.admin.mixin import ClaimableAdminMixin
 from django_taskclaim.admin.own_models import ReadOnlyAdminMixin
+from django_taskclaim.db import db_now
 from django_taskclaim.models import PeriodicRun, PeriodicSlot
-from django_taskclaim.ops.figures import db_now
 from django_taskclaim.periodic import discover, schedules
 from django_taskclaim.periodic.slots import ScheduleState, schedule_state
 

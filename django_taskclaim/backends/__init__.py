@@ -13,16 +13,12 @@ from typing import Any
 
 from django.db import connections
 
-from django_taskclaim.backends.base import (
-    AdvisoryKind,
-    ClaimColumns,
-    DatabaseSQL,
-    LeaseTable,
-    Statement,
-)
+from django_taskclaim.backends.base import ClaimColumns, DatabaseSQL
+from django_taskclaim.backends.base_locks import AdvisoryKind, LeaseTable
 from django_taskclaim.backends.mysql import MySQL
 from django_taskclaim.backends.postgresql import PostgreSQL
 from django_taskclaim.backends.sqlite import SQLite
+from django_taskclaim.backends.statement import Statement
 
 __all__ = [
     "AdvisoryKind",

@@ -8,7 +8,9 @@ from typing import Any, ClassVar
 
 from django.db import DatabaseError
 
-from django_taskclaim.backends.base import AdvisoryKind, DatabaseSQL, LeaseTable, Statement
+from django_taskclaim.backends.base import DatabaseSQL
+from django_taskclaim.backends.base_locks import AdvisoryKind, LeaseTable
+from django_taskclaim.backends.statement import Statement
 
 #: Error codes worth a retry: ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT.
 TRANSIENT_ERRORS = frozenset({1213, 1205})

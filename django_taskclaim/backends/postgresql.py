@@ -1,4 +1,7 @@
-"""What django-taskclaim sends to PostgreSQL."""
+"""What django-taskclaim sends to PostgreSQL: errors, clock, claims, completions and
+diagnostics here; the lock statements in ``postgresql_locks.py`` and the wake-ups
+(``NOTIFY`` / ``LISTEN``, the notify trigger) in ``postgresql_notify.py``, both parts of
+:class:`PostgreSQL`."""
 
 from __future__ import annotations
 
@@ -7,13 +10,10 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from django_taskclaim.backends.base import (
-    AdvisoryKind,
-    ClaimColumns,
-    DatabaseSQL,
-    LeaseTable,
-    Statement,
-)
+from django_taskclaim.backends.base import ClaimColumns, DatabaseSQL
+from django_taskclaim.backends.postgresql_locks import PostgreSQLLocks
+from django_taskclaim.backends.postgresql_notify import PostgreSQLNotify
+from django_taskclaim.backends.statement import Statement
 
 #: SQLSTATEs worth a retry: serialization_failure, deadlock_detected.
 TRANSIENT_SQLSTATES = frozenset({"40001", "40P01"})
@@ -55,20 +55,7 @@ def claim_gate_key(table: str) -> tuple[int, int]:
     return CLAIM_GATE_SPACE, table_key(table)
 
 
-def advisory_function(*, xact: bool, shared: bool, try_: bool) -> str:
-    """``pg_[try_]advisory_[xact_]lock[_shared]``."""
-    return (
-        f"pg_{'try_' if try_ else ''}advisory_{'xact_' if xact else ''}"
-        f"lock{'_shared' if shared else ''}"
-    )
-
-
-def advisory_args(arity: int) -> str:
-    """The placeholders of a key: one ``bigint`` or two ``integer`` halves."""
-    return "CAST(%s AS bigint)" if arity == 1 else "CAST(%s AS integer), CAST(%s AS integer)"
-
-
-class PostgreSQL(DatabaseSQL):
+class PostgreSQL(PostgreSQLNotify, PostgreSQLLocks, DatabaseSQL):
     """PostgreSQL: ``INSERT … ON CONFLICT … RETURNING`` leases, ``pg_advisory_*`` locks."""
 
     vendor = "postgresql"
@@ -359,149 +346,6 @@ class PostgreSQL(DatabaseSQL):
             f'WHERE {c.table}.{c.pk} = {t}."pk" AND {c.table}.{c.version} = {t}."token" '
             f"AND {self._status_is(c)}"
         )
-
-    # -------------------------------------------------------------------- wake-ups
-
-    supports_notify = True
-
-    def notify(self, channel: str, payload: str) -> Statement:
-        """``SELECT pg_notify(channel, payload)``."""
-        return Statement("SELECT pg_notify(%s, %s)", (channel, payload))
-
-    def listen_sql(self, quoted_channel: str) -> str:
-        """``LISTEN channel``."""
-        return f"LISTEN {quoted_channel}"
-
-    supports_notify_trigger = True
-    #: The name of the notify trigger on each table that has one, and of its function.
-    NOTIFY_TRIGGER = "taskclaim_notify"
-
-    def notify_trigger_sql(
-        self, *, table: str, status: str, ready: str, channel: str, label: str
-    ) -> list[str]:
-        """One shared function, ``taskclaim_notify()`` (``pg_notify(TG_ARGV[0],
-        TG_ARGV[1])``), and a row trigger ``AFTER INSERT OR UPDATE OF <status> … WHEN
-        (NEW.<status> = <ready>)`` calling it with the channel and the label. The
-        notification goes out when the writing transaction commits, once per transaction
-        however many rows it wrote (PostgreSQL folds identical notifications); rows
-        written in another state cost one comparison each."""
-        name = self.NOTIFY_TRIGGER
-        return [
-            f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS "
-            "$$BEGIN PERFORM pg_notify(TG_ARGV[0], TG_ARGV[1]); RETURN NULL; END$$",
-            f"CREATE OR REPLACE TRIGGER {name} AFTER INSERT OR UPDATE OF {status} ON {table} "
-            f"FOR EACH ROW WHEN (NEW.{status} = {ready}) "
-            f"EXECUTE FUNCTION {name}({channel}, {label})",
-        ]
-
-    def notify_trigger_comment_sql(self, table: str, comment: str) -> str:
-        """``COMMENT ON TRIGGER taskclaim_notify ON <table> IS <comment>`` (a quoted
-        literal): where :meth:`notify_trigger_fingerprint` reads it back."""
-        return f"COMMENT ON TRIGGER {self.NOTIFY_TRIGGER} ON {table} IS {comment}"
-
-    def drop_notify_trigger_sql(self, table: str) -> str:
-        """``DROP TRIGGER IF EXISTS taskclaim_notify ON <table>`` (the shared function
-        stays: other tables may use it)."""
-        return f"DROP TRIGGER IF EXISTS {self.NOTIFY_TRIGGER} ON {table}"
-
-    def notify_trigger_fingerprints(self, cursor: Any) -> dict[str, str]:
-        """Table name → comment of its ``taskclaim_notify`` trigger (``""`` without one),
-        for every table on the ``search_path`` that has one: one query."""
-        cursor.execute(
-            "SELECT c.relname, coalesce(obj_description(t.oid, 'pg_trigger'), '') "
-            "FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
-            "WHERE t.tgname = %s AND pg_table_is_visible(c.oid)",
-            [self.NOTIFY_TRIGGER],
-        )
-        return {str(name): str(comment) for name, comment in cursor.fetchall()}
-
-    # --------------------------------------------------------------------- lease locks
-
-    supports_lease_locks = True
-    # clock_timestamp(), not statement_timestamp(): a statement that waited on the row's
-    # lock must count the lease from when it writes, and judge expiry at that moment.
-    lease_now: ClassVar[str] = "clock_timestamp()"
-
-    def lease_acquire_sql(self, t: LeaseTable) -> str:
-        """One upsert that takes a free or ended lease and returns its new token (no row
-        when the lease is held). Parameters: key, owner, ttl in seconds."""
-        n = self.lease_now
-        return (
-            f"INSERT INTO {t.table} ({t.key}, {t.owner}, {t.token}, {t.until}, "
-            f"{t.acquired_at}) VALUES (%s, %s, 1, {n} + %s * interval '1 second', {n}) "
-            f"ON CONFLICT ({t.key}) DO UPDATE SET {t.owner} = EXCLUDED.{t.owner}, "
-            f"{t.token} = {t.table}.{t.token} + 1, {t.until} = EXCLUDED.{t.until}, "
-            f"{t.acquired_at} = EXCLUDED.{t.acquired_at} WHERE {t.table}.{t.until} <= {n} "
-            f"RETURNING {t.token}"
-        )
-
-    def lease_acquire(
-        self, cursor: Any, t: LeaseTable, key: str, owner: str, ttl: float
-    ) -> int | None:
-        """See :meth:`DatabaseSQL.lease_acquire`: :meth:`lease_acquire_sql`."""
-        cursor.execute(self.lease_acquire_sql(t), (key, owner, ttl))
-        rows = cursor.fetchall()
-        return int(rows[0][0]) if rows else None
-
-    def lease_renew_sql(self, t: LeaseTable) -> str:
-        """Move the end of the fenced lease. Parameters: ttl in seconds, key, owner, token."""
-        return (
-            f"UPDATE {t.table} SET {t.until} = {self.lease_now} + %s * interval '1 second' "
-            f"WHERE {t.key} = %s AND {t.owner} = %s AND {t.token} = %s"
-        )
-
-    def lease_renew(
-        self, cursor: Any, t: LeaseTable, key: str, owner: str, token: int, ttl: float
-    ) -> bool:
-        """See :meth:`DatabaseSQL.lease_renew`: :meth:`lease_renew_sql`."""
-        cursor.execute(self.lease_renew_sql(t), (ttl, key, owner, token))
-        return bool(cursor.rowcount == 1)
-
-    # lease_verify / lease_release: the base class's statements.
-
-    # ------------------------------------------------------------------ advisory locks
-
-    advisory_kind: ClassVar[AdvisoryKind] = "keyed"
-
-    def advisory_lock_id(self, key: tuple[int, ...], database: str) -> tuple[Any, ...]:
-        """The key itself: advisory locks belong to the database already."""
-        return key
-
-    def advisory_lock(
-        self,
-        lock_id: tuple[Any, ...],
-        *,
-        xact: bool,
-        shared: bool,
-        try_: bool,
-        timeout: float | None,
-    ) -> Statement:
-        """``SELECT pg_[try_]advisory_[xact_]lock[_shared](key)``; ``timeout`` is not part
-        of it (see :meth:`set_lock_timeout`)."""
-        func = advisory_function(xact=xact, shared=shared, try_=try_)
-        return Statement(f"SELECT {func}({advisory_args(len(lock_id))})", lock_id)
-
-    def advisory_acquired(self, value: Any, lock_id: tuple[Any, ...], *, try_: bool) -> bool:
-        """The ``try`` forms return whether they took it; the waiting forms return void
-        once they have."""
-        return bool(value) if try_ else True
-
-    def advisory_unlock(self, lock_id: tuple[Any, ...], *, shared: bool) -> Statement:
-        """``SELECT pg_advisory_unlock[_shared](key)``."""
-        func = "pg_advisory_unlock_shared" if shared else "pg_advisory_unlock"
-        return Statement(f"SELECT {func}({advisory_args(len(lock_id))})", lock_id)
-
-    def get_lock_timeout(self) -> Statement:
-        """``current_setting('lock_timeout')``."""
-        return Statement("SELECT current_setting('lock_timeout')")
-
-    def set_lock_timeout(self, value: str) -> Statement:
-        """``set_config('lock_timeout', value, true)``: local to the transaction."""
-        return Statement("SELECT set_config('lock_timeout', %s, true)", (value,))
-
-    def server_port(self) -> Statement:
-        """``inet_server_port()`` (``NULL`` over a Unix socket)."""
-        return Statement("SELECT inet_server_port()")
 
     # --------------------------------------------------------------------- diagnostics
 

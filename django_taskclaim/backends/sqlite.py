@@ -6,7 +6,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from django_taskclaim.backends.base import DatabaseSQL, LeaseTable, Statement
+from django_taskclaim.backends.base import DatabaseSQL
+from django_taskclaim.backends.base_locks import LeaseTable
+from django_taskclaim.backends.statement import Statement
 
 
 class SQLite(DatabaseSQL):

@@ -15,9 +15,9 @@
   under half that lease)
 - E007 a removed setting is still set (``TASKCLAIM_WORKER_DEAD_AFTER``)
 - E030 / E031 unique enqueue: an ``ActiveKeyField`` without an unconditional unique
-  constraint, or out of step with ``ClaimMeta`` — see :mod:`django_taskclaim.model.unique`
+  constraint, or out of step with ``ClaimMeta`` — see :mod:`django_taskclaim.checks.unique`
 - E032 / E033 per-key concurrency: a ``concurrency_key`` no constraint enforces, or a
-  partial constraint on MariaDB/MySQL — see :mod:`django_taskclaim.model.concurrency_keys`
+  partial constraint on MariaDB/MySQL — see :mod:`django_taskclaim.checks.concurrency_keys`
 - E040 ``ClaimMeta.archive`` cannot take the model's finished rows (unknown model,
   missing columns, foreign keys pointing at the model) — see
   :mod:`django_taskclaim.recovery.archive`
@@ -33,10 +33,17 @@ from django.db import connections, router
 
 from django_taskclaim.backends import for_engine
 from django_taskclaim.claim import resolve
-from django_taskclaim.config import bounds
-from django_taskclaim.config.options import checked_models, get_options
-from django_taskclaim.config.settings import CHECK_TAG, PREFIX, taskclaim_settings
+from django_taskclaim.config.discovery import checked_models
+from django_taskclaim.config.options import get_options
+from django_taskclaim.config.settings import (
+    BOUNDS,
+    CHECK_TAG,
+    PREFIX,
+    setting_problem,
+    taskclaim_settings,
+)
 from django_taskclaim.exceptions import TaskClaimError
+from django_taskclaim.model.indexes import has_claim_index
 from django_taskclaim.recovery.archive import archive_problems
 
 #: The tag of every django-taskclaim check: ``manage.py check --tag taskclaim`` runs them
@@ -86,9 +93,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 
 def _check_numbers() -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
-    for name, bound in bounds.SETTINGS.items():
+    for name, bound in BOUNDS.items():
         value = getattr(taskclaim_settings, name)
-        if bounds.setting_problem(name, value) is not None:
+        if setting_problem(name, value) is not None:
             what = "a whole number" if bound.whole else "a number"
             errors.append(
                 checks.Error(
@@ -115,17 +122,6 @@ def heartbeat_problem(model: Any, lease: float) -> checks.CheckMessage | None:
             id="taskclaim.E006",
         )
     return None
-
-
-def claim_index_present(model: Any, status_field: str) -> bool:
-    for index in model._meta.indexes:
-        names = [f.lstrip("-") for f in getattr(index, "fields", ())]
-        cond = getattr(index, "condition", None)
-        if names and cond is not None and status_field in str(cond):
-            return True
-        if names and names[0] == status_field:
-            return True
-    return False
 
 
 @checks.register(checks.Tags.models, TAG)
@@ -160,7 +156,7 @@ def check_models(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                         id="taskclaim.E003",
                     )
                 )
-        if not claim_index_present(model, opts.status_field):
+        if not has_claim_index(model, opts.status_field):
             errors.append(
                 checks.Warning(
                     f"No index serves the claim query of {opts.label}.",

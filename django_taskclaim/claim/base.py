@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, models
 from django.db.models import F, Q
-from django.db.models.expressions import RawSQL
 
 from django_taskclaim.backends import ClaimColumns, for_alias, for_connection
 from django_taskclaim.db import DbNow
 from django_taskclaim.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
+    from django_taskclaim.claim.request import ClaimRequest
     from django_taskclaim.config.options import ClaimOptions
 
 
@@ -48,18 +48,10 @@ class Strategy:
     def _features_ok(self, conn: Any) -> bool:
         return True
 
-    def claim(
-        self,
-        qs: models.QuerySet,
-        n: int,
-        *,
-        opts: ClaimOptions,
-        lease: float,
-        worker: str,
-        cache_key: tuple[Any, ...] | None = None,
-    ) -> list[models.Model]:
-        """Claim up to ``n`` rows of ``qs``. ``cache_key`` (set when ``qs`` carries no
-        filters of the caller's) lets a strategy reuse the SQL it compiled before."""
+    def claim(self, r: ClaimRequest) -> list[models.Model]:
+        """Claim up to ``r.n`` rows of ``r.qs`` (:class:`~.request.ClaimRequest`). Its
+        ``cache_key`` (set when ``r.qs`` carries no filters of the caller's) lets a strategy
+        reuse the SQL it compiled before."""
         raise NotImplementedError
 
 
@@ -157,16 +149,6 @@ def claim_columns(model: type[models.Model], opts: ClaimOptions, conn: Any) -> C
             cast(models.Field, model._meta.get_field(opts.status_field)).cast_db_type(conn)
         ),
     )
-
-
-def status_recheck(opts: ClaimOptions, state: str, using: str) -> Q:
-    """``status = <state>`` for a write that finds its row by primary key, written so
-    that no planner takes it for a reason to scan a partial index (see
-    :meth:`~django_taskclaim.backends.base.DatabaseSQL.opaque_param_sql`)."""
-    field = cast(models.Field, opts.model._meta.get_field(opts.status_field))
-    conn = connections[using]
-    sql = for_connection(conn).opaque_param_sql(str(field.cast_db_type(conn)))
-    return Q(**{opts.status_field: RawSQL(sql, [opts.value(state)], output_field=field)})
 
 
 def claim_order(opts: ClaimOptions, using: str) -> tuple[str, ...]:

@@ -18,12 +18,13 @@ from django_taskclaim.claim.base import (
     candidates,
     claim_updates,
     read_claimed,
-    status_recheck,
 )
+from django_taskclaim.claim.request import ClaimRequest
 from django_taskclaim.config.settings import taskclaim_settings
+from django_taskclaim.rules import status_recheck
 
 if TYPE_CHECKING:
-    from django_taskclaim.config.options import ClaimOptions
+    pass
 
 
 class CompareAndSet(Strategy):
@@ -37,31 +38,20 @@ class CompareAndSet(Strategy):
 
     name = "cas"
 
-    def claim(
-        self,
-        qs: models.QuerySet,
-        n: int,
-        *,
-        opts: ClaimOptions,
-        lease: float,
-        worker: str,
-        cache_key: tuple[Any, ...] | None = None,
-    ) -> list[models.Model]:
-        conn = connections[qs.db]
-        if opts.concurrency is not None:
+    def claim(self, r: ClaimRequest) -> list[models.Model]:
+        conn = connections[r.db]
+        if r.opts.concurrency is not None:
             if for_connection(conn).one_writer_at_a_time:
-                return keyed.claim_one_writer(qs, n, opts=opts, lease=lease, worker=worker)
-            return keyed.claim_compare_and_set(qs, n, opts=opts, lease=lease, worker=worker)
+                return keyed.claim_one_writer(r)
+            return keyed.claim_compare_and_set(r)
         if (
             for_connection(conn).one_writer_at_a_time
             and conn.features.can_return_columns_from_insert
         ):
-            return self._claim_sqlite(qs, n, opts=opts, lease=lease, worker=worker)
-        return self._claim_candidates(qs, n, opts=opts, lease=lease, worker=worker)
+            return self._claim_sqlite(r)
+        return self._claim_candidates(r)
 
-    def _claim_sqlite(
-        self, qs: models.QuerySet, n: int, *, opts: ClaimOptions, lease: float, worker: str
-    ) -> list[models.Model]:
+    def _claim_sqlite(self, r: ClaimRequest) -> list[models.Model]:
         """SQLite runs one writer at a time, so the compare-and-set of a whole batch is one
         statement: ``UPDATE … WHERE pk IN (<n candidates>) AND status = ready RETURNING *``.
 
@@ -71,6 +61,7 @@ class CompareAndSet(Strategy):
         start; otherwise a writer that committed in between makes SQLite refuse the
         write ("database is locked", retried) rather than use stale data.
         """
+        qs, n, opts, lease, worker = r.qs, r.n, r.opts, r.lease, r.worker
         base = qs.model._base_manager.using(qs.db)
         with transaction.atomic(using=qs.db):
             picked = list(candidates(qs, opts, n))
@@ -84,9 +75,8 @@ class CompareAndSet(Strategy):
         recovered = {p["pk"] for p in picked if p["locked_until"] is not None}
         return _sort(_mark_recovered(rows, recovered), opts.ordering)
 
-    def _claim_candidates(
-        self, qs: models.QuerySet, n: int, *, opts: ClaimOptions, lease: float, worker: str
-    ) -> list[models.Model]:
+    def _claim_candidates(self, r: ClaimRequest) -> list[models.Model]:
+        qs, n, opts, lease, worker = r.qs, r.n, r.opts, r.lease, r.worker
 
         base = qs.model._base_manager.using(qs.db)
         k = max(n, int(taskclaim_settings.CAS_CANDIDATES))

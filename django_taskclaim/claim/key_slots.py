@@ -23,10 +23,11 @@ from django_taskclaim.backends import for_alias
 from django_taskclaim.claim.base import _order_by, claim_order, claim_updates
 from django_taskclaim.config.claim_meta import SLOT_FIELD
 from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.model.concurrency_keys import ConcurrencyGuard, guard_of
 
 if TYPE_CHECKING:
-    from django_taskclaim.config.options import ClaimOptions, Concurrency
-    from django_taskclaim.model.concurrency_keys import ConcurrencyGuard
+    from django_taskclaim.config.claim_meta import Concurrency
+    from django_taskclaim.config.options import ClaimOptions
 
 _GUARDS: dict[type[models.Model], ConcurrencyGuard] = {}
 
@@ -37,10 +38,6 @@ def guard(opts: ClaimOptions) -> ConcurrencyGuard:
     enforces is never claimed."""
     found = _GUARDS.get(opts.model)
     if found is None:
-        from django_taskclaim.model.concurrency_keys import (
-            guard_of,  # deferred: cycle, concurrency imports options
-        )
-
         found = guard_of(opts.model)
         if found is None:
             conc = cast("Concurrency", opts.concurrency)

@@ -11,7 +11,7 @@ seeing the winner's rows, so it leaves that key alone.
 Models without a key never come here: their claims are unchanged.
 
 The pieces the claims share (the constraint, the candidates, the slot picking) are in
-:mod:`django_taskclaim.claim.key_slots` and importable from here as well.
+:mod:`django_taskclaim.claim.key_slots`.
 """
 
 from __future__ import annotations
@@ -24,15 +24,14 @@ from django.db import IntegrityError, connections, models, transaction
 from django.db.models import F, IntegerField, Value
 
 from django_taskclaim.backends import PostgreSQL, Statement, for_alias, for_connection
+from django_taskclaim.capped import CappedCache
 from django_taskclaim.claim.base import (
     _mark_recovered,
     _sort,
     apply_claim,
     claim_columns,
     read_claimed,
-    status_recheck,
 )
-from django_taskclaim.claim.key_slots import _GUARDS as _GUARDS
 from django_taskclaim.claim.key_slots import (
     _ahead,
     _busy,
@@ -55,9 +54,12 @@ from django_taskclaim.config.claim_meta import SLOT_FIELD
 from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.db import DbNow
 from django_taskclaim.exceptions import StrategyNotSupportedError
+from django_taskclaim.rules import status_recheck
 
 if TYPE_CHECKING:
-    from django_taskclaim.config.options import ClaimOptions, Concurrency
+    from django_taskclaim.claim.request import ClaimRequest
+    from django_taskclaim.config.claim_meta import Concurrency
+    from django_taskclaim.config.options import ClaimOptions
 
 #: Claims run again after losing a race for a key to another claimer; after these, the
 #: claim returns what it has (maybe nothing) and the caller claims again later.
@@ -80,7 +82,9 @@ def retry_key_conflicts(fn: Callable[[], list[Any]], opts: ClaimOptions, using: 
 # -- PostgreSQL: one statement --------------------------------------------------------
 
 
-_COMPILED: dict[tuple[Any, ...], tuple[str, tuple[Any, ...], tuple[bool, ...]]] = {}
+_COMPILED: CappedCache[tuple[Any, ...], tuple[str, tuple[Any, ...], tuple[bool, ...]]] = (
+    CappedCache()
+)
 
 
 def _compiled(
@@ -109,26 +113,16 @@ def _compiled(
         sql, params = compile_queryset(cands)
         hit = (sql, params, tuple(item.startswith("-") for item in order))
         if key is not None:
-            if len(_COMPILED) >= 512:
-                _COMPILED.clear()
-            _COMPILED[key] = hit
+            _COMPILED.put(key, hit)
     return hit
 
 
-def claim_one_statement(
-    qs: models.QuerySet,
-    n: int,
-    *,
-    opts: ClaimOptions,
-    lease: float,
-    worker: str,
-    cache_key: tuple[Any, ...] | None,
-    lock: str,
-) -> list[models.Model]:
+def claim_one_statement(r: ClaimRequest, *, lock: str) -> list[models.Model]:
     """PostgreSQL: the keyed claim in one statement (:meth:`PostgreSQL.claim_keyed`).
     ``lock``: ``"skip_locked"`` (candidates ``FOR UPDATE SKIP LOCKED``), ``"advisory"``
     (no row lock: the UPDATE re-checks the status, the constraint the key) or ``""``
     (``serializable``: its transaction detects the conflicts)."""
+    qs, n, opts, lease, worker, cache_key = r.qs, r.n, r.opts, r.lease, r.worker, r.cache_key
     conn = connections[qs.db]
     backend = cast(PostgreSQL, for_connection(conn))
     conc = cast("Concurrency", opts.concurrency)
@@ -168,12 +162,11 @@ def claim_one_statement(
 # -- MySQL / MariaDB: a short transaction ---------------------------------------------
 
 
-def claim_locked_in_transaction(
-    qs: models.QuerySet, n: int, *, opts: ClaimOptions, lease: float, worker: str
-) -> list[models.Model]:
+def claim_locked_in_transaction(r: ClaimRequest) -> list[models.Model]:
     """``skip_locked`` without ``UPDATE … RETURNING``: lock the first ``n`` candidates
     (``SKIP LOCKED``), read the slots their keys hold, pick per key, write the picked rows
     (one UPDATE per slot number), in one short transaction."""
+    qs, n, opts, lease, worker = r.qs, r.n, r.opts, r.lease, r.worker
     conn = connections[qs.db]
     of = ("self",) if conn.features.has_select_for_update_of else ()
     conc = cast("Concurrency", opts.concurrency)
@@ -210,15 +203,15 @@ def claim_locked_in_transaction(
                         "locked rows changed under a claim; rolled back"
                     )
         won = []
-        for r, slot in zip(rows, slots, strict=True):
-            del r._taskclaim_now
-            r.__dict__.pop("_tc_ahead", None)
+        for row, slot in zip(rows, slots, strict=True):
+            del row._taskclaim_now
+            row.__dict__.pop("_tc_ahead", None)
             if slot is None:
                 continue
-            apply_claim(r, opts, until, worker)
+            apply_claim(row, opts, until, worker)
             if conc.slot is not None:
-                setattr(r, SLOT_FIELD, slot)
-            won.append(r)
+                setattr(row, SLOT_FIELD, slot)
+            won.append(row)
         return _mark_recovered(won, recovered)
 
     return retry_key_conflicts(run, opts, qs.db)
@@ -227,11 +220,10 @@ def claim_locked_in_transaction(
 # -- compare-and-set ------------------------------------------------------------------
 
 
-def claim_one_writer(
-    qs: models.QuerySet, n: int, *, opts: ClaimOptions, lease: float, worker: str
-) -> list[models.Model]:
+def claim_one_writer(r: ClaimRequest) -> list[models.Model]:
     """SQLite (one writer at a time): read candidates and held slots, then one
     ``UPDATE … RETURNING`` per slot number, all in one transaction."""
+    qs, n, opts, lease, worker = r.qs, r.n, r.opts, r.lease, r.worker
     conc = cast("Concurrency", opts.concurrency)
     guard(opts)
     base = qs.model._base_manager.using(qs.db)
@@ -262,13 +254,12 @@ def claim_one_writer(
     return retry_key_conflicts(run, opts, qs.db)
 
 
-def claim_compare_and_set(
-    qs: models.QuerySet, n: int, *, opts: ClaimOptions, lease: float, worker: str
-) -> list[models.Model]:
+def claim_compare_and_set(r: ClaimRequest) -> list[models.Model]:
     """Every database: read candidates and held slots, then one compare-and-set
     ``UPDATE`` per picked row (its slot written with it). A row that meets the
     constraint (another claimer took that key slot first) is skipped with the rest of
     its key."""
+    qs, n, opts, lease, worker = r.qs, r.n, r.opts, r.lease, r.worker
     conc = cast("Concurrency", opts.concurrency)
     guard(opts)
     base = qs.model._base_manager.using(qs.db)

@@ -16,11 +16,12 @@ from django_taskclaim.claim.base import (
     apply_claim,
     claim_updates,
 )
-from django_taskclaim.claim.statements import _claim_returning, _compiled_candidates
+from django_taskclaim.claim.request import ClaimRequest
+from django_taskclaim.claim.statements import claim_returning, compiled_candidates
 from django_taskclaim.db import DbNow
 
 if TYPE_CHECKING:
-    from django_taskclaim.config.options import ClaimOptions
+    pass
 
 
 class SkipLocked(Strategy):
@@ -36,37 +37,22 @@ class SkipLocked(Strategy):
     def _features_ok(self, conn: Any) -> bool:
         return bool(conn.features.has_select_for_update_skip_locked)
 
-    def claim(
-        self,
-        qs: models.QuerySet,
-        n: int,
-        *,
-        opts: ClaimOptions,
-        lease: float,
-        worker: str,
-        cache_key: tuple[Any, ...] | None = None,
-    ) -> list[models.Model]:
-        conn = connections[qs.db]
-        if opts.concurrency is not None:
+    def claim(self, r: ClaimRequest) -> list[models.Model]:
+        conn = connections[r.db]
+        if r.opts.concurrency is not None:
             if for_connection(conn).claims_in_one_statement:
-                return keyed.claim_one_statement(
-                    qs, n, opts=opts, lease=lease, worker=worker, cache_key=cache_key,
-                    lock="skip_locked",
-                )  # fmt: skip
-            return keyed.claim_locked_in_transaction(qs, n, opts=opts, lease=lease, worker=worker)
+                return keyed.claim_one_statement(r, lock="skip_locked")
+            return keyed.claim_locked_in_transaction(r)
         if for_connection(conn).claims_in_one_statement:
-            sql, params = _compiled_candidates(qs, opts, n, cache_key)
+            sql, params = compiled_candidates(r)
             lock = conn.ops.for_update_sql(
-                skip_locked=True, of=(conn.ops.quote_name(qs.model._meta.db_table),)
+                skip_locked=True, of=(conn.ops.quote_name(r.model._meta.db_table),)
             )
-            return _claim_returning(
-                qs, f"{sql} {lock}", params, n=n, opts=opts, lease=lease, worker=worker
-            )
-        return self._claim_in_transaction(qs, n, opts=opts, lease=lease, worker=worker)
+            return claim_returning(r, f"{sql} {lock}", params)
+        return self._claim_in_transaction(r)
 
-    def _claim_in_transaction(
-        self, qs: models.QuerySet, n: int, *, opts: ClaimOptions, lease: float, worker: str
-    ) -> list[models.Model]:
+    def _claim_in_transaction(self, r: ClaimRequest) -> list[models.Model]:
+        qs, n, opts, lease, worker = r.qs, r.n, r.opts, r.lease, r.worker
         conn = connections[qs.db]
         of = ("self",) if conn.features.has_select_for_update_of else ()
         with transaction.atomic(using=qs.db):
@@ -92,7 +78,7 @@ class SkipLocked(Strategy):
                 raise transaction.TransactionManagementError(
                     "locked rows changed under a claim; rolled back"
                 )
-        for r in rows:
-            apply_claim(r, opts, until, worker)
-            del r._taskclaim_now
+        for row in rows:
+            apply_claim(row, opts, until, worker)
+            del row._taskclaim_now
         return _mark_recovered(rows, recovered)

@@ -4,30 +4,24 @@ Where the vendor can claim in one statement (``UPDATE … RETURNING``), the cand
 SELECT compiled by the ORM (kept per model, database, strategy and batch size) is handed
 to the vendor's :meth:`~django_taskclaim.backends.base.DatabaseSQL.claim` and the
 returned rows become model instances with the ORM's own converters
-(:func:`_claim_returning`). A claim of at least ``claim_gate`` rows first takes its
+(:func:`claim_returning`). A claim of at least ``claim_gate`` rows first takes its
 turn at the table's claim gate, in the same round trip (:func:`claim_gate`,
-:func:`fetch_claimed`). :func:`complete_many_in_one` is the completion counterpart:
-a batch of claimed rows completed from per-row arrays in one fenced UPDATE.
+:func:`fetch_claimed`). The completion counterpart, a batch of claimed rows completed from
+per-row arrays in one fenced UPDATE, is :mod:`django_taskclaim.settle.batch_json`.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import uuid
-from collections.abc import Callable
-from datetime import date, datetime, time
-from decimal import Decimal
-from functools import partial
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from django.conf import settings
 from django.db import connections, models, transaction
 
 from django_taskclaim.backends import Statement, for_connection
-from django_taskclaim.claim.base import RECOVERED_ATTR, _sort, candidates, claim_columns, column
+from django_taskclaim.capped import CappedCache
+from django_taskclaim.claim.base import RECOVERED_ATTR, _sort, candidates, claim_columns
 
 if TYPE_CHECKING:
+    from django_taskclaim.claim.request import ClaimRequest
     from django_taskclaim.config.options import ClaimOptions
 
 
@@ -36,27 +30,24 @@ def compile_queryset(qs: models.QuerySet) -> tuple[str, tuple[Any, ...]]:
     return sql, tuple(params)
 
 
-_COMPILED: dict[tuple[Any, ...], tuple[str, tuple[Any, ...]]] = {}
-_COMPILED_MAX = 512
+_COMPILED: CappedCache[tuple[Any, ...], tuple[str, tuple[Any, ...]]] = CappedCache()
 
 
-def _compiled_candidates(
-    qs: models.QuerySet, opts: ClaimOptions, limit: int, cache_key: tuple[Any, ...] | None
-) -> tuple[str, tuple[Any, ...]]:
-    """The candidates SELECT compiled by the ORM; kept per ``cache_key`` and ``limit``.
+def compiled_candidates(r: ClaimRequest, limit: int | None = None) -> tuple[str, tuple[Any, ...]]:
+    """The candidates SELECT of ``r`` (``limit`` rows, default ``r.n``) compiled by the
+    ORM; kept per ``r.cache_key`` and ``limit``.
 
     The SQL of an unfiltered claim depends only on the model, database, strategy and
     batch size (the clock is ``now()`` in the SQL, not a parameter), so a worker
     compiles it once instead of on every claim.
     """
-    if cache_key is None:
-        return compile_queryset(candidates(qs, opts, limit))
-    key = (*cache_key, limit)
+    limit = r.n if limit is None else limit
+    if r.cache_key is None:
+        return compile_queryset(candidates(r.qs, r.opts, limit))
+    key = (*r.cache_key, limit)
     hit = _COMPILED.get(key)
     if hit is None:
-        if len(_COMPILED) >= _COMPILED_MAX:
-            _COMPILED.clear()
-        hit = _COMPILED[key] = compile_queryset(candidates(qs, opts, limit))
+        hit = _COMPILED.put(key, compile_queryset(candidates(r.qs, r.opts, limit)))
     return hit
 
 
@@ -132,19 +123,13 @@ def fetch_claimed(conn: Any, statement: Statement, gate: Statement | None) -> li
         return list(cursor.fetchall())
 
 
-def _claim_returning(
-    qs: models.QuerySet,
-    candidates_sql: str,
-    candidates_params: tuple[Any, ...],
-    *,
-    n: int,
-    opts: ClaimOptions,
-    lease: float,
-    worker: str,
+def claim_returning(
+    r: ClaimRequest, candidates_sql: str, candidates_params: tuple[Any, ...]
 ) -> list[models.Model]:
-    """Claim the candidates (at most ``n`` rows) in one statement (the vendor's
+    """Claim the candidates (at most ``r.n`` rows) in one statement (the vendor's
     :meth:`~django_taskclaim.backends.base.DatabaseSQL.claim`), behind the table's claim
-    gate when ``n`` is large enough (:func:`claim_gate`), and build the instances."""
+    gate when ``r.n`` is large enough (:func:`claim_gate`), and build the instances."""
+    qs, opts = r.qs, r.opts
     model = qs.model
     conn = connections[qs.db]
     statement = for_connection(conn).claim(
@@ -152,180 +137,13 @@ def _claim_returning(
         Statement(candidates_sql, candidates_params),
         processing=opts.value("processing"),
         ready=opts.value("ready"),
-        lease=lease,
-        worker=worker,
+        lease=r.lease,
+        worker=r.worker,
     )
-    fetched = fetch_claimed(conn, statement, claim_gate(qs, opts, n))
+    fetched = fetch_claimed(conn, statement, claim_gate(qs, opts, r.n))
     recovered = [row[-1] for row in fetched]
     tasks = _instances(model, qs.db, [row[:-1] for row in fetched])
     for task, flag in zip(tasks, recovered, strict=True):
         if flag:
             setattr(task, RECOVERED_ATTR, True)
     return _sort(tasks, opts.ordering)
-
-
-_COMPLETE_SQL: dict[tuple[type[models.Model], str, tuple[str, ...], str], str] = {}
-
-
-class _NotJSON(Exception):
-    """A value with no JSON text its column type reads back as the same value."""
-
-
-def _prepared_json(field: models.Field, conn: Any, value: Any) -> Any:
-    """``value`` prepared by the ORM (``get_db_prep_save``), as JSON the column's input
-    function reads back as the same value; :class:`_NotJSON` when there is none."""
-    prepared = field.get_db_prep_save(value, conn)
-    if prepared is None or isinstance(prepared, bool | int | str):
-        return prepared
-    if isinstance(prepared, float) and math.isfinite(prepared):
-        return prepared
-    if isinstance(prepared, datetime | date | time):
-        return prepared.isoformat()
-    if isinstance(prepared, uuid.UUID | Decimal):
-        return str(prepared)
-    raise _NotJSON
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-#: Stock fields whose preparation leaves a value of the exact type given unchanged.
-_INTEGER_FIELDS = (
-    models.AutoField,
-    models.BigAutoField,
-    models.SmallAutoField,
-    models.IntegerField,
-    models.BigIntegerField,
-    models.SmallIntegerField,
-    models.PositiveIntegerField,
-    models.PositiveBigIntegerField,
-    models.PositiveSmallIntegerField,
-)
-_TEXT_FIELDS = (models.CharField, models.TextField)
-
-_TO_JSON: dict[tuple[models.Field, bool, str], Callable[[Any], Any]] = {}
-
-
-def _to_json(field: models.Field, conn: Any) -> Callable[[Any], Any]:
-    """The function turning a value of ``field`` into JSON that its column reads back as
-    the value the ORM would store (raising :class:`_NotJSON` when there is none): the
-    document itself for a JSON field without a custom encoder; the value itself where
-    the ORM would not change it (an ``int`` for a stock integer field, a ``str`` for a
-    stock text field, an aware ``datetime`` with ``USE_TZ``, a ``UUID`` as text); else
-    what ``get_db_prep_save`` makes of it. Built once per field."""
-    key = (field, bool(settings.USE_TZ), conn.alias)
-    found = _TO_JSON.get(key)
-    if found is not None:
-        return found
-    general: Callable[[Any], Any] = partial(_prepared_json, field, conn)
-    kind = type(field)
-    if isinstance(field, models.JSONField):
-        if field.encoder is not None:
-
-            def refuse(value: Any) -> Any:
-                raise _NotJSON  # its own encoder: leave the encoding to the ORM
-
-            found = refuse
-        else:
-            found = _same  # None is SQL NULL, as the ORM stores it
-    elif kind in _INTEGER_FIELDS:
-        found = lambda v: v if type(v) is int else general(v)  # noqa: E731
-    elif kind in _TEXT_FIELDS:
-        found = lambda v: v if type(v) is str else general(v)  # noqa: E731
-    elif kind is models.UUIDField:
-        found = lambda v: str(v) if type(v) is uuid.UUID else general(v)  # noqa: E731
-    elif kind is models.DateTimeField and settings.USE_TZ:
-        found = (  # noqa: E731
-            lambda v: v.isoformat() if type(v) is datetime and v.tzinfo is not None else general(v)
-        )
-    else:
-        found = general
-    _TO_JSON[key] = found
-    return found
-
-
-def _rows_json(
-    model: type[models.Model],
-    conn: Any,
-    tokens: dict[Any, int],
-    names: tuple[str, ...],
-    results: dict[Any, dict[str, Any]],
-) -> str | None:
-    """The rows of a completion as one JSON document (see ``complete_many_sql``), or
-    ``None`` when a value has no faithful JSON form (the arrays carry it then)."""
-    pk_json = _to_json(cast(models.Field, model._meta.pk), conn)
-    columns = [
-        (f"r{i}", name, _to_json(cast(models.Field, model._meta.get_field(name)), conn))
-        for i, name in enumerate(names)
-    ]
-    rows = []
-    try:
-        for pk, token in tokens.items():
-            values = results[pk]
-            row = {"pk": pk_json(pk), "token": token}
-            for key, name, to_json in columns:
-                row[key] = to_json(values[name])
-            rows.append(row)
-        return json.dumps(rows, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except (_NotJSON, TypeError, ValueError):
-        return None
-
-
-def complete_many_in_one(
-    model: type[models.Model],
-    using: str,
-    opts: ClaimOptions,
-    tokens: dict[Any, int],
-    results: dict[Any, dict[str, Any]] | None = None,
-) -> int:
-    """Complete the rows of ``tokens`` (pk → claimed version) in one fenced UPDATE from
-    per-row arrays (the vendor's
-    :meth:`~django_taskclaim.backends.base.DatabaseSQL.complete_many_sql`, where
-    :attr:`~django_taskclaim.backends.base.DatabaseSQL.completes_from_arrays`); return how
-    many rows it wrote.
-
-    The statement text is the same for every batch (built once per model, result fields
-    and form) and no per-row parameter is formatted, which halves the cost of
-    acknowledging a batch of 100. ``results`` (pk → result fields; every row the same
-    field names, plain values) are written in the same statement, each row its own
-    values: as one JSON document when every value has a faithful JSON form (JSON fields
-    without a custom encoder, text, numbers, booleans, dates and times, UUIDs, decimals),
-    which costs the worker a fraction of quoting one array element per value; else as
-    one array per column.
-    """
-    conn = connections[using]
-    pk_field = model._meta.pk
-    names: tuple[str, ...] = ()
-    if results:
-        names = tuple(sorted(next(iter(results.values()))))
-    document = _rows_json(model, conn, tokens, names, results or {}) if names else None
-    rows_as = "arrays" if document is None else "json"
-    key = (model, using, names, rows_as)
-    sql = _COMPLETE_SQL.get(key)
-    if sql is None:
-        qn = conn.ops.quote_name
-        version_field = model._meta.get_field("version")
-        sql = _COMPLETE_SQL[key] = for_connection(conn).complete_many_sql(
-            claim_columns(model, opts, conn),
-            pk_type=str(pk_field.cast_db_type(conn)),
-            version_type=str(version_field.cast_db_type(conn)),  # type: ignore[union-attr]
-            results=[
-                (column(model, name, qn), str(model._meta.get_field(name).cast_db_type(conn)))  # type: ignore[union-attr]
-                for name in names
-            ],
-            rows_as=rows_as,
-        )
-    params: list[Any] = [opts.value("done")]
-    if document is not None:
-        params.append(document)
-    else:
-        params.append([pk_field.get_db_prep_value(pk, conn) for pk in tokens])
-        params.append(list(tokens.values()))
-        for name in names:
-            prep = model._meta.get_field(name).get_db_prep_save  # type: ignore[union-attr]
-            params.append([prep((results or {})[pk][name], conn) for pk in tokens])
-    params.append(opts.value("processing"))
-    with conn.cursor() as cursor:
-        cursor.execute(sql, params)
-        return int(cursor.rowcount)

@@ -1,11 +1,14 @@
-"""Every numeric option's bounds, and the one validator they all go through.
+"""Numeric bounds, and the one validator they all go through.
 
 A number that reaches a statement, a sleep or a thread pool is checked here first:
-finite, of the right kind, within its bounds. Settings (``TASKCLAIM_*``, system check
-``taskclaim.E005``), ``ClaimMeta`` options, the worker's and the commands' options and
-the lock arguments share these tables, so one option has one range wherever it is
-given, and an absurd value is a one-line error instead of a ``DataError``, an
-``OverflowError`` or a busy loop.
+finite, of the right kind, within its bounds. The ranges are declared beside what they
+bound: each ``TASKCLAIM_*`` setting's in :data:`django_taskclaim.config.settings.TABLE`
+(system check ``taskclaim.E005``), each worker option's in
+:data:`django_taskclaim.worker.options.OPTIONS`; a range shared by a setting and the
+``ClaimMeta`` options or call arguments that fall back to it is named here (:data:`LEASE`
+…), as are those of the other commands, the locks and the batch sizes. One option has one
+range wherever it is given, and an absurd value is a one-line error instead of a
+``DataError``, an ``OverflowError`` or a busy loop.
 """
 
 from __future__ import annotations
@@ -35,47 +38,15 @@ class Bound:
         return f"from {self.low:g} to {self.high:g}"
 
 
-#: ``TASKCLAIM_*`` settings (without the prefix).
-SETTINGS: dict[str, Bound] = {
-    "LEASE": Bound(0.001, MAX_LEASE),
-    "MAX_ATTEMPTS": Bound(1, 1_000_000, whole=True),
-    "RETRY_BACKOFF": Bound(0.0, 365 * DAY),
-    "RETRY_BACKOFF_MAX": Bound(0.0, 365 * DAY),
-    "RETRY_JITTER": Bound(0.0, 1.0),
-    "CAS_CANDIDATES": Bound(1, 10_000, whole=True),
-    "CLAIM_GATE": Bound(1, 100_000, whole=True),
-    "DB_RETRIES": Bound(0, 1000, whole=True),
-    "REAP_BATCH": Bound(1, 100_000, whole=True),
-    "REAP_INTERVAL": Bound(0.1, DAY),
-    "POLL_INTERVAL": Bound(0.01, 3600.0),
-    "ACK_WINDOW": Bound(0.0, 60.0),
-    "HEARTBEAT_INTERVAL": Bound(0.01, 15 * DAY),
-    "WORKER_SILENT_AFTER": Bound(1.0, MAX_LEASE),
-}
-
-#: Settings whose ``None`` means "not set" (a default derived elsewhere, or "never").
-NONE_ALLOWED = frozenset({"HEARTBEAT_INTERVAL", "CLAIM_GATE"})
-
-#: ``ClaimMeta`` options and the arguments of ``claim()`` / ``extend_lease()``: the same
-#: ranges as the settings they fall back to.
-LEASE = SETTINGS["LEASE"]
-MAX_ATTEMPTS = SETTINGS["MAX_ATTEMPTS"]
-RETRY_BACKOFF = SETTINGS["RETRY_BACKOFF"]
-RETRY_JITTER = SETTINGS["RETRY_JITTER"]
-CLAIM_GATE = SETTINGS["CLAIM_GATE"]
-
-#: ``manage.py worker`` options (and :meth:`~django_taskclaim.worker.WorkerConfig.build`).
-WORKER: dict[str, Bound] = {
-    "--concurrency": Bound(1, 256, whole=True),
-    "--processes": Bound(1, 256, whole=True),
-    "--batch": Bound(1, 10_000, whole=True),
-    "--lease": Bound(1.0, MAX_LEASE),
-    "--poll": Bound(0.01, 3600.0),
-    "--ack-window": Bound(0.0, 60.0),
-    "--grace": Bound(0.0, DAY),
-    "--max-tasks": Bound(1, 10**12, whole=True),
-    "--max-runtime": Bound(0.01, 366 * DAY),
-}
+#: ``TASKCLAIM_LEASE``, ``TASKCLAIM_MAX_ATTEMPTS``, ``TASKCLAIM_RETRY_BACKOFF`` (and
+#: ``_MAX``), ``TASKCLAIM_RETRY_JITTER`` and ``TASKCLAIM_CLAIM_GATE``, the ``ClaimMeta``
+#: options that fall back to them and the arguments of ``claim()`` / ``extend_lease()``:
+#: one range each, wherever the value is given.
+LEASE = Bound(0.001, MAX_LEASE)
+MAX_ATTEMPTS = Bound(1, 1_000_000, whole=True)
+RETRY_BACKOFF = Bound(0.0, 365 * DAY)
+RETRY_JITTER = Bound(0.0, 1.0)
+CLAIM_GATE = Bound(1, 100_000, whole=True)
 
 #: ``manage.py taskclaim_reap`` options.
 REAP: dict[str, Bound] = {
@@ -164,15 +135,3 @@ def span(
             f"{name} must be from {bound.low / DAY:g} to {bound.high / DAY:g} days, got {value!r}"
         )
     return value
-
-
-def setting_problem(name: str, value: Any) -> str | None:
-    """Why the value of ``TASKCLAIM_<name>`` is out of :data:`SETTINGS`' bounds, or
-    ``None`` if it is fine (``HEARTBEAT_INTERVAL`` and ``CLAIM_GATE`` may also be ``None``)."""
-    if value is None and name in NONE_ALLOWED:
-        return None
-    try:
-        number(value, name, SETTINGS[name])
-    except ConfigurationError as exc:
-        return str(exc)
-    return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
+from django.apps import apps
 from django.db import models
 
 from django_taskclaim.config import bounds
@@ -57,6 +58,10 @@ _STATIC = (
 )
 #: The field a model with ``concurrency_limit > 1`` keeps its slot number in.
 SLOT_FIELD = "concurrency_slot"
+#: Every name ``ClaimMeta.strategy`` / ``TASKCLAIM_STRATEGY`` / ``claim(strategy=…)``
+#: accepts: ``auto`` (picked per vendor by ``claim.resolve``) and each strategy's own
+#: (``claim.STRATEGIES``; ``tests/claim/test_claim.py`` checks the two agree).
+STRATEGY_NAMES: tuple[str, ...] = ("auto", "skip_locked", "cas", "advisory", "serializable", "hold")
 _ALLOWED = set(_LIVE) | set(_STATIC)
 
 
@@ -188,3 +193,25 @@ def _build_static(model: type[models.Model]) -> _Static:
         meta=meta,
         concurrency=_concurrency(model, meta, names),
     )
+
+
+def _archive_label(model: type[models.Model]) -> str | None:
+    value = getattr(getattr(model, "ClaimMeta", None), "archive", None)
+    if isinstance(value, str):
+        return value.lower()
+    if isinstance(value, type) and issubclass(value, models.Model):
+        return value._meta.label_lower
+    return None
+
+
+def is_archive(model: type[models.Model]) -> bool:
+    """Whether ``model`` keeps another model's finished rows: built by
+    :func:`~django_taskclaim.recovery.archive.archive_of`, or named in some installed model's
+    ``ClaimMeta.archive``. Its rows are history: it is never claimed, though it has the
+    claim fields."""
+    if getattr(model, "taskclaim_archive_of", None):
+        return True
+    if not apps.ready:
+        return False
+    label = model._meta.label_lower
+    return any(_archive_label(m) == label for m in apps.get_models() if m is not model)

@@ -15,13 +15,13 @@ A claimable model may declare a nested ``ClaimMeta`` class::
 Anything not declared falls back to the ``TASKCLAIM_*`` setting of the same name, read
 at call time. :func:`get_options` resolves and validates them. The static part (the
 claim fields, statuses, ordering, per-key concurrency) is read and validated in
-:mod:`django_taskclaim.config.claim_meta`; its names are importable from here as well.
+:mod:`django_taskclaim.config.claim_meta` (import its names from there).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import cached_property
 from typing import Any, cast
 
@@ -30,19 +30,16 @@ from django.core.signals import setting_changed
 from django.db import models
 from django.utils.module_loading import import_string
 
-from django_taskclaim.claim import STRATEGY_NAMES
 from django_taskclaim.config import bounds
 from django_taskclaim.config.claim_meta import (
     _LIVE,
-    REQUIRED_FIELDS,
+    STRATEGY_NAMES,
     Concurrency,
     _build_static,
     _label,
     _Static,
+    is_archive,
 )
-from django_taskclaim.config.claim_meta import CLAIM_STATE_FIELDS as CLAIM_STATE_FIELDS
-from django_taskclaim.config.claim_meta import OPTIONAL_FIELDS as OPTIONAL_FIELDS
-from django_taskclaim.config.claim_meta import SLOT_FIELD as SLOT_FIELD
 from django_taskclaim.config.settings import PREFIX, taskclaim_settings
 from django_taskclaim.exceptions import ConfigurationError, NotClaimableError
 from django_taskclaim.model.claimable import Claimable
@@ -311,72 +308,3 @@ def _settings_changed(setting: str, **kwargs: Any) -> None:
 
 
 setting_changed.connect(_settings_changed, dispatch_uid="django_taskclaim.config.options.settings")
-
-
-def is_claimable(model: type[models.Model]) -> bool:
-    """Whether ``model`` has the fields needed to be claimed (and is not an archive:
-    :func:`is_archive`)."""
-    names = {f.name for f in model._meta.concrete_fields}
-    status = getattr(getattr(model, "ClaimMeta", None), "status_field", "status")
-    has_fields = all(f in names for f in REQUIRED_FIELDS) and status in names
-    return has_fields and not is_archive(model)
-
-
-def _archive_label(model: type[models.Model]) -> str | None:
-    value = getattr(getattr(model, "ClaimMeta", None), "archive", None)
-    if isinstance(value, str):
-        return value.lower()
-    if isinstance(value, type) and issubclass(value, models.Model):
-        return value._meta.label_lower
-    return None
-
-
-def is_archive(model: type[models.Model]) -> bool:
-    """Whether ``model`` keeps another model's finished rows: built by
-    :func:`~django_taskclaim.recovery.archive.archive_of`, or named in some installed model's
-    ``ClaimMeta.archive``. Its rows are history: it is never claimed, though it has the
-    claim fields."""
-    if getattr(model, "taskclaim_archive_of", None):
-        return True
-    if not apps.ready:
-        return False
-    label = model._meta.label_lower
-    return any(_archive_label(m) == label for m in apps.get_models() if m is not model)
-
-
-def claimable_models() -> Iterator[type[models.Model]]:
-    """Every installed, concrete, non-proxy model that can be claimed, except those of
-    an app whose config sets ``taskclaim_discover = False`` (claimed only where named)."""
-    for model in apps.get_models():
-        if not getattr(model._meta.app_config, "taskclaim_discover", True):
-            continue
-        if not model._meta.abstract and not model._meta.proxy and is_claimable(model):
-            yield model
-
-
-def checked_models(app_configs: Any = None) -> Iterator[type[models.Model]]:
-    """The claimable models a system check looks at: every one (``app_configs`` is
-    ``None``), or those of the given app configs (``manage.py check <app>``)."""
-    for model in claimable_models():
-        if app_configs is None or model._meta.app_config in app_configs:
-            yield model
-
-
-def resolve_model(label: str) -> type[models.Model]:
-    """Return the claimable model named ``app_label.ModelName`` or raise a clear error."""
-    if not isinstance(label, str) or label.count(".") != 1:
-        raise ConfigurationError(f"{label!r} is not a model label; use app_label.ModelName")
-    try:
-        model = apps.get_model(label)
-    except (LookupError, ValueError):
-        known = ", ".join(m._meta.label for m in claimable_models()) or "none installed"
-        raise ConfigurationError(
-            f"no model {label!r} is installed; claimable models: {known}"
-        ) from None
-    get_options(model)
-    return model
-
-
-# Registers the concurrency-key system check (taskclaim.E032 / E033) with the options
-# every check and claim loads.
-from django_taskclaim.model import concurrency_keys as concurrency  # noqa: E402, F401

@@ -1,50 +1,113 @@
 """Project-wide settings, all prefixed ``TASKCLAIM_`` and read live on every access.
 
+:data:`TABLE` declares each setting once (:class:`Setting`: its type, default, bounds,
+whether ``None`` is allowed, or why it was removed); every other lookup here
+(:data:`SETTINGS`, :data:`DEFAULTS`, :data:`BOUNDS`, :data:`NONE_ALLOWED`,
+:data:`REMOVED`) is derived from it, so a new setting is one line of :data:`TABLE`.
+
 ``from django_taskclaim.config.settings import taskclaim_settings`` then
 ``taskclaim_settings.LEASE`` returns ``settings.TASKCLAIM_LEASE`` if the project sets
-it, else the default below. Because nothing is cached, ``override_settings`` works.
-Unknown ``TASKCLAIM_*`` names are reported by the system check ``taskclaim.E001``;
-numeric ones are bounded by :data:`django_taskclaim.config.bounds.SETTINGS` (``taskclaim.E005``).
-Every setting is documented in ``docs/settings.md``.
+it, else its default. Because nothing is cached, ``override_settings`` works.
+Unknown ``TASKCLAIM_*`` names are reported by the system check ``taskclaim.E001``,
+removed ones by ``taskclaim.E007``; numeric ones are checked against their bounds with
+:func:`django_taskclaim.config.bounds.number` (:func:`setting_problem`, ``taskclaim.E005``,
+in :mod:`django_taskclaim.checks.core`). Every setting is documented in
+``docs/settings.md`` (``tests/config/test_settings_table.py`` keeps the two equal).
 """
 
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+
+from django_taskclaim.config import bounds
+from django_taskclaim.config.bounds import DAY, MAX_LEASE, Bound
+from django_taskclaim.exceptions import ConfigurationError
 
 PREFIX = "TASKCLAIM_"
 #: The tag of every django-taskclaim system check (``manage.py check --tag taskclaim``).
 CHECK_TAG = "taskclaim"
 
-#: name (without prefix) -> default value
-DEFAULTS: dict[str, Any] = {
-    # Claiming
-    "STRATEGY": "auto",  # auto | skip_locked | cas | advisory | serializable | hold
-    "LEASE": 300.0,  # seconds a claim is held before the reaper may take it back
-    "MAX_ATTEMPTS": 5,  # claims before a task ends failed
-    "RETRY_BACKOFF": 2.0,  # seconds; delay = RETRY_BACKOFF * 2 ** (attempts - 1)
-    "RETRY_BACKOFF_MAX": 3600.0,  # cap of the exponential backoff, seconds
-    "RETRY_JITTER": 0.25,  # +/- fraction of random jitter applied to the backoff
-    "CAS_CANDIDATES": 16,  # rows read per round by the cas strategy
-    "CLAIM_GATE": 50,  # claims of this many rows or more take turns per table; None = never
-    "DB_RETRIES": 10,  # retries of deadlocks / serialization failures / "database is locked"
-    # Recovery
-    "REAP_BATCH": 1000,  # rows per reaper statement
-    "REAP_INTERVAL": 30.0,  # seconds between periodic reaps inside workers
-    # Worker
-    "POLL_INTERVAL": 1.0,  # seconds between polls when no notification arrives
-    "WORKER_DATABASES": None,  # aliases one worker fleet drains; None = each model's router alias
-    "ACK_WINDOW": 0.05,  # seconds a worker may hold completions to write them in one batch
-    "HEARTBEAT_INTERVAL": None,  # seconds; None = a third of the lease
-    "WORKER_SILENT_AFTER": 60.0,  # shown as silent after this long; display only, never death
-    "NOTIFY": True,  # PostgreSQL: NOTIFY workers when ready rows are committed
-    "NOTIFY_CHANNEL": "taskclaim",
-    # Locks / poolers
-    "POOLER_MODE": None,  # None | "session" | "transaction" (pgBouncer pool_mode)
-}
+
+@dataclass(frozen=True)
+class Setting:
+    """One ``TASKCLAIM_<name>`` setting.
+
+    ``kind`` is the type (or types) of its values; ``bound`` the range a number must lie
+    in (``None``: not a number, or not bounded); ``none_allowed`` says ``None`` means
+    "not set" (a default derived elsewhere, or "never"). A setting with ``removed`` set
+    no longer exists: setting it is an error with that hint (what to do instead).
+    """
+
+    name: str
+    kind: type | tuple[type, ...] = object
+    default: Any = None
+    bound: Bound | None = None
+    none_allowed: bool = False
+    removed: str | None = None
+
+
+_DEAD_AFTER = (
+    "silence is no longer taken as death: a silent worker's rows wait for their lease "
+    "(or for its supervisor, or an operator, to release them). Use "
+    "TASKCLAIM_WORKER_SILENT_AFTER to say when the admin and stats show a worker as silent."
+)
+
+#: Every ``TASKCLAIM_*`` setting (without the prefix), in the order of ``docs/settings.md``.
+#: A range shared with ``ClaimMeta`` options and call arguments is named in
+#: :mod:`~django_taskclaim.config.bounds` (``bounds.LEASE`` …); the others are written here.
+TABLE: tuple[Setting, ...] = (
+    # Claiming: auto | skip_locked | cas | advisory | serializable | hold
+    Setting("STRATEGY", str, "auto"),
+    # seconds a claim is held before the reaper may take it back
+    Setting("LEASE", float, 300.0, bounds.LEASE),
+    # claims before a task ends failed
+    Setting("MAX_ATTEMPTS", int, 5, bounds.MAX_ATTEMPTS),
+    # seconds; delay = RETRY_BACKOFF * 2 ** (attempts - 1), at most RETRY_BACKOFF_MAX
+    Setting("RETRY_BACKOFF", float, 2.0, bounds.RETRY_BACKOFF),
+    Setting("RETRY_BACKOFF_MAX", float, 3600.0, bounds.RETRY_BACKOFF),
+    # +/- fraction of random jitter applied to the backoff
+    Setting("RETRY_JITTER", float, 0.25, bounds.RETRY_JITTER),
+    # rows read per round by the cas strategy
+    Setting("CAS_CANDIDATES", int, 16, Bound(1, 10_000, whole=True)),
+    # claims of this many rows or more take turns per table; None = never
+    Setting("CLAIM_GATE", int, 50, bounds.CLAIM_GATE, none_allowed=True),
+    # retries of deadlocks / serialization failures / "database is locked"
+    Setting("DB_RETRIES", int, 10, Bound(0, 1000, whole=True)),
+    # Recovery: rows per reaper statement; seconds between periodic reaps inside workers
+    Setting("REAP_BATCH", int, 1000, Bound(1, 100_000, whole=True)),
+    Setting("REAP_INTERVAL", float, 30.0, Bound(0.1, DAY)),
+    # shown as silent after this long; display only, never death
+    Setting("WORKER_SILENT_AFTER", float, 60.0, Bound(1.0, MAX_LEASE)),
+    Setting("WORKER_DEAD_AFTER", removed=_DEAD_AFTER),
+    # Worker: seconds between polls when no notification arrives
+    Setting("POLL_INTERVAL", float, 1.0, Bound(0.01, 3600.0)),
+    # aliases one worker fleet drains; None = each model's router alias
+    Setting("WORKER_DATABASES", (list, tuple), None, none_allowed=True),
+    # seconds a worker may hold completions to write them in one batch
+    Setting("ACK_WINDOW", float, 0.05, Bound(0.0, 60.0)),
+    # seconds; None = a third of the lease
+    Setting("HEARTBEAT_INTERVAL", float, None, Bound(0.01, 15 * DAY), none_allowed=True),
+    # Notifications and poolers (PostgreSQL): NOTIFY workers when ready rows are committed
+    # (True, "trigger" or False), on this channel; POOLER_MODE is pgBouncer's pool_mode
+    Setting("NOTIFY", (bool, str), True),
+    Setting("NOTIFY_CHANNEL", str, "taskclaim"),
+    Setting("POOLER_MODE", str, None, none_allowed=True),  # None | "session" | "transaction"
+)
+
+#: name (without prefix) -> :class:`Setting`, for every setting that exists.
+SETTINGS: dict[str, Setting] = {s.name: s for s in TABLE if s.removed is None}
+#: name (without prefix) -> default value.
+DEFAULTS: dict[str, Any] = {name: s.default for name, s in SETTINGS.items()}
+#: name (without prefix) -> bounds, for every numeric setting (``taskclaim.E005``).
+BOUNDS: dict[str, Bound] = {n: s.bound for n, s in SETTINGS.items() if s.bound is not None}
+#: Settings whose ``None`` means "not set" (a default derived elsewhere, or "never").
+NONE_ALLOWED = frozenset(name for name, s in SETTINGS.items() if s.none_allowed)
+#: Settings that existed once, with what to do instead (reported by ``taskclaim.E007``).
+REMOVED: dict[str, str] = {s.name: s.removed for s in TABLE if s.removed is not None}
 
 
 class TaskClaimSettings:
@@ -72,13 +135,16 @@ class TaskClaimSettings:
         return [(PREFIX + n, why) for n, why in REMOVED.items() if hasattr(settings, PREFIX + n)]
 
 
-#: Settings that existed once, with what to do instead (reported by ``taskclaim.E001``).
-REMOVED: dict[str, str] = {
-    "WORKER_DEAD_AFTER": (
-        "silence is no longer taken as death: a silent worker's rows wait for their lease "
-        "(or for its supervisor, or an operator, to release them). Use "
-        "TASKCLAIM_WORKER_SILENT_AFTER to say when the admin and stats show a worker as silent."
-    ),
-}
+def setting_problem(name: str, value: Any) -> str | None:
+    """Why the value of ``TASKCLAIM_<name>`` is out of its :data:`BOUNDS`, or ``None``
+    if it is fine (a setting of :data:`NONE_ALLOWED` may also be ``None``)."""
+    if value is None and name in NONE_ALLOWED:
+        return None
+    try:
+        bounds.number(value, name, BOUNDS[name])
+    except ConfigurationError as exc:
+        return str(exc)
+    return None
+
 
 taskclaim_settings = TaskClaimSettings()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import threading
 import time
 import uuid
@@ -17,19 +16,17 @@ from typing import Any
 
 from django.db import DatabaseError, connections, router, transaction
 
-from django_taskclaim.backends import DatabaseSQL, LeaseTable, Statement, for_connection
+from django_taskclaim.backends import DatabaseSQL, LeaseTable, for_connection
 from django_taskclaim.config import bounds
 from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.db import (
     default_worker_id,
     in_user_atomic,
-    is_lock_timeout,
-    is_transient,
-    retry_transient,
 )
 from django_taskclaim.exceptions import LockLost, LockNotAcquired, LockUsageError
 from django_taskclaim.locks.keys import validate_lease_key
-from django_taskclaim.locks.renewer import Renewer
+from django_taskclaim.locks.lease_sql import lease_statement, lock_wait
+from django_taskclaim.locks.renewer import ScheduledRenewer, safety_margin
 from django_taskclaim.locks.state import LeaseState
 
 logger = logging.getLogger("django_taskclaim.locks")
@@ -42,9 +39,6 @@ MIN_RENEW_EVERY = 0.01
 #: Fewest renewal attempts per ttl (``auto_renew=True`` makes four): one that does not land
 #: is tried again before the lease can end.
 RENEWALS_PER_TTL = 3
-#: Longest pause before a renewal that did not land (a lock wait timed out, the row was
-#: busy, the connection failed) is tried again.
-RENEW_RETRY_PAUSE = 0.05
 
 
 def validate_ttl(ttl: Any) -> float:
@@ -54,43 +48,6 @@ def validate_ttl(ttl: Any) -> float:
     if ttl is None:
         ttl = taskclaim_settings.LEASE
     return float(bounds.number(ttl, "ttl", bounds.LOCK_TTL, seconds=True, error=LockUsageError))
-
-
-def safety_margin(ttl: float) -> float:
-    """How long before ``ttl`` (counted from the *send* of the statement that took or
-    renewed the lease) a holder considers its lease over: 10 % of the ttl, at most 1 s.
-
-    The database wrote the lease's end after it received the statement, so the lease
-    ends no earlier than send + ttl; the margin covers the rate difference of two
-    clocks over one ttl, and the time to act on :attr:`LeaseLock.held`."""
-    return min(1.0, ttl * 0.1)
-
-
-def _lease_statement[T](using: str, step: Callable[[DatabaseSQL, Any, LeaseTable], T]) -> T:
-    """Run one lease ``step`` of the vendor's statements on ``using`` (own cursor), retrying
-    transient errors; :class:`LockUsageError` where lease locks are not supported."""
-    conn = connections[using]
-    sql = for_connection(conn)
-    if not sql.supports_lease_locks:
-        raise LockUsageError(f"lease locks do not support the {sql.vendor} database")
-    table = LeaseTable.of(conn)
-
-    def go() -> T:
-        with connections[using].cursor() as cursor:
-            return step(sql, cursor, table)
-
-    return retry_transient(go, using, what="lease lock")
-
-
-def _lock_wait(sql: DatabaseSQL, seconds: float) -> Statement | None:
-    """The vendor's statement bounding a statement's row-lock wait to ``seconds`` until the
-    end of the transaction (PostgreSQL ``lock_timeout``; MySQL / MariaDB
-    ``innodb_lock_wait_timeout``, whole seconds, for the session), or ``None`` where a
-    vendor has none (SQLite: one writer at a time, bounded by its busy timeout)."""
-    try:
-        return sql.set_lock_timeout(f"{max(1, int(seconds * 1000))}ms")
-    except NotImplementedError:
-        return None
 
 
 class LeaseLock:
@@ -106,7 +63,7 @@ class LeaseLock:
 
     **The holder is told first.** Each successful acquire or renew sets a local deadline
     on the monotonic clock: the moment the statement was *sent*, plus ``ttl``, minus a
-    :func:`safety_margin`. The database cannot end the lease before that, so
+    :func:`~.renewer.safety_margin`. The database cannot end the lease before that, so
     :attr:`held` turns ``False`` (and :meth:`check` raises) before anyone else can take
     it over — whatever the renewer thread is doing, even if its connection hangs.
 
@@ -164,7 +121,7 @@ class LeaseLock:
         self._lease = LeaseState()
         self._guard = threading.Lock()  # serialises the read-modify-replace of _lease
         self._lost_flag = threading.Event()  # this acquisition's; set once it is lost
-        self._renewer: Renewer | None = None
+        self._renewer: ScheduledRenewer | None = None
 
     def __repr__(self) -> str:
         return f"<LeaseLock key={self.key!r} owner={self.owner!r} token={self.token}>"
@@ -297,8 +254,9 @@ class LeaseLock:
         return True
 
     def _statement[T](self, step: Callable[[DatabaseSQL, Any, LeaseTable], T]) -> T:
-        """Run one lease ``step`` on this lock's database (see :func:`_lease_statement`)."""
-        return _lease_statement(self.using, step)
+        """Run one lease ``step`` on this lock's database (see
+        :func:`~.lease_sql.lease_statement`)."""
+        return lease_statement(self.using, step)
 
     def _bounded[T](self, step: Callable[[DatabaseSQL, Any, LeaseTable], T], wait: float) -> T:
         """Run ``step`` once, its row-lock waits bounded to ``wait`` seconds (in a short
@@ -306,7 +264,7 @@ class LeaseLock:
         conn = connections[self.using]
         sql = for_connection(conn)
         table = LeaseTable.of(conn)
-        bound = _lock_wait(sql, wait)
+        bound = lock_wait(sql, wait)
         if bound is None:
             with conn.cursor() as cursor:
                 return step(sql, cursor, table)
@@ -442,74 +400,3 @@ class LeaseLock:
 
 #: Alias of :class:`LeaseLock`.
 lease_lock = LeaseLock
-
-
-class ScheduledRenewer(Renewer):
-    """The ``auto_renew`` thread: renewals on a fixed cadence counted from the sends
-    (every ``interval`` ≤ ttl / 3, so at least three attempts per ttl), each one's row-lock
-    wait bounded below the time left (it never queues behind contenders until the lease
-    ends), one that did not land tried again within :data:`RENEW_RETRY_PAUSE`; and a
-    watchdog that marks the lease lost (``lost``, the cancel flag, ``check()``) the moment
-    its local deadline passes without a renewal, even while a statement hangs."""
-
-    def __init__(self, lock: LeaseLock, interval: float) -> None:
-        super().__init__(lock, interval)
-        self._watchdog = threading.Thread(
-            target=self._watch, name=f"taskclaim-lease-watch-{lock.key}", daemon=True
-        )
-
-    def stop(self, timeout: float = 5.0) -> None:
-        super().stop(timeout)
-        if self._watchdog.is_alive() and self._watchdog is not threading.current_thread():
-            self._watchdog.join(timeout)
-
-    def _watch(self) -> None:
-        lock = self.lock
-        while True:
-            state = lock.state
-            if state.token is None or state.lost:
-                return
-            left = state.deadline - time.monotonic()
-            if left <= 0:
-                lock._mark_lost("no renewal landed before its deadline", token=state.token)
-                return
-            if self._stop_event.wait(left):
-                return
-
-    def run(self) -> None:
-        lock = self.lock
-        conn = connections[lock.using]
-        self._watchdog.start()
-        try:
-            try:  # connect now: the first renewal must not pay for it
-                conn.ensure_connection()
-            except DatabaseError:
-                conn.close()
-            state = lock.state
-            sent = state.deadline - lock.ttl + safety_margin(lock.ttl)
-            next_at = sent + self.interval
-            while not self._stop_event.wait(max(0.0, next_at - time.monotonic())):
-                if not lock.held:
-                    return
-                started = time.monotonic()
-                try:
-                    ok = lock._renew(lock_wait=min(self.interval, lock.seconds_left / 2))
-                except DatabaseError as exc:
-                    busy = is_lock_timeout(exc, lock.using) or is_transient(exc, lock.using)
-                    logger.log(
-                        logging.DEBUG if busy else logging.WARNING,
-                        "lease renewal did not land key=%s error=%s (held for %.2fs more at most)",
-                        lock.key,
-                        str(exc).strip().splitlines()[0] if str(exc).strip() else exc,
-                        lock.seconds_left,
-                    )
-                    if not busy:
-                        conn.close()
-                    pause = min(self.interval, RENEW_RETRY_PAUSE) * random.uniform(0.5, 1.0)
-                    next_at = time.monotonic() + pause
-                    continue
-                if not ok:
-                    return
-                next_at = started + self.interval
-        finally:
-            conn.close()

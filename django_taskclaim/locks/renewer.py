@@ -1,17 +1,40 @@
-"""The background renewal of a :class:`~.lease.LeaseLock` (``auto_renew``)."""
+"""The background renewal of a :class:`~.lease.LeaseLock` (``auto_renew``).
+
+:class:`Renewer` renews on a plain interval; :class:`ScheduledRenewer` (the one
+``LeaseLock`` starts) on a cadence counted from the sends, with a watchdog;
+:func:`safety_margin` is how long before its ttl a holder considers its lease over (the
+lock's local deadline, which both the lock and the watchdog read)."""
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections
+
+from django_taskclaim.db import is_lock_timeout, is_transient
 
 if TYPE_CHECKING:
     from django_taskclaim.locks.lease import LeaseLock
 
 logger = logging.getLogger("django_taskclaim.locks")
+
+#: Longest pause before a renewal that did not land (a lock wait timed out, the row was
+#: busy, the connection failed) is tried again.
+RENEW_RETRY_PAUSE = 0.05
+
+
+def safety_margin(ttl: float) -> float:
+    """How long before ``ttl`` (counted from the *send* of the statement that took or
+    renewed the lease) a holder considers its lease over: 10 % of the ttl, at most 1 s.
+
+    The database wrote the lease's end after it received the statement, so the lease
+    ends no earlier than send + ttl; the margin covers the rate difference of two
+    clocks over one ttl, and the time to act on :attr:`LeaseLock.held`."""
+    return min(1.0, ttl * 0.1)
 
 
 class Renewer(threading.Thread):
@@ -55,3 +78,74 @@ class Renewer(threading.Thread):
                     return
         finally:
             connections[lock.using].close()
+
+
+class ScheduledRenewer(Renewer):
+    """The ``auto_renew`` thread: renewals on a fixed cadence counted from the sends
+    (every ``interval`` ≤ ttl / 3, so at least three attempts per ttl), each one's row-lock
+    wait bounded below the time left (it never queues behind contenders until the lease
+    ends), one that did not land tried again within :data:`RENEW_RETRY_PAUSE`; and a
+    watchdog that marks the lease lost (``lost``, the cancel flag, ``check()``) the moment
+    its local deadline passes without a renewal, even while a statement hangs."""
+
+    def __init__(self, lock: LeaseLock, interval: float) -> None:
+        super().__init__(lock, interval)
+        self._watchdog = threading.Thread(
+            target=self._watch, name=f"taskclaim-lease-watch-{lock.key}", daemon=True
+        )
+
+    def stop(self, timeout: float = 5.0) -> None:
+        super().stop(timeout)
+        if self._watchdog.is_alive() and self._watchdog is not threading.current_thread():
+            self._watchdog.join(timeout)
+
+    def _watch(self) -> None:
+        lock = self.lock
+        while True:
+            state = lock.state
+            if state.token is None or state.lost:
+                return
+            left = state.deadline - time.monotonic()
+            if left <= 0:
+                lock._mark_lost("no renewal landed before its deadline", token=state.token)
+                return
+            if self._stop_event.wait(left):
+                return
+
+    def run(self) -> None:
+        lock = self.lock
+        conn = connections[lock.using]
+        self._watchdog.start()
+        try:
+            try:  # connect now: the first renewal must not pay for it
+                conn.ensure_connection()
+            except DatabaseError:
+                conn.close()
+            state = lock.state
+            sent = state.deadline - lock.ttl + safety_margin(lock.ttl)
+            next_at = sent + self.interval
+            while not self._stop_event.wait(max(0.0, next_at - time.monotonic())):
+                if not lock.held:
+                    return
+                started = time.monotonic()
+                try:
+                    ok = lock._renew(lock_wait=min(self.interval, lock.seconds_left / 2))
+                except DatabaseError as exc:
+                    busy = is_lock_timeout(exc, lock.using) or is_transient(exc, lock.using)
+                    logger.log(
+                        logging.DEBUG if busy else logging.WARNING,
+                        "lease renewal did not land key=%s error=%s (held for %.2fs more at most)",
+                        lock.key,
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else exc,
+                        lock.seconds_left,
+                    )
+                    if not busy:
+                        conn.close()
+                    pause = min(self.interval, RENEW_RETRY_PAUSE) * random.uniform(0.5, 1.0)
+                    next_at = time.monotonic() + pause
+                    continue
+                if not ok:
+                    return
+                next_at = started + self.interval
+        finally:
+            conn.close()

@@ -7,7 +7,7 @@ columns combine the finer mixins (at least :class:`ClaimFieldsMixin`, a status c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -17,11 +17,13 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from django_taskclaim.config.options import CLAIM_STATE_FIELDS, get_options
+from django_taskclaim.config.claim_meta import CLAIM_STATE_FIELDS
+from django_taskclaim.config.options import get_options
 from django_taskclaim.db import DbNow
+from django_taskclaim.model.indexes import claim_indexes
 from django_taskclaim.model.queryset import ClaimQuerySet
 from django_taskclaim.model.status import Status
-from django_taskclaim.settle import outcome as lifecycle
+from django_taskclaim.settle import outcome, transitions
 
 
 class StatusFieldMixin(models.Model):
@@ -148,11 +150,11 @@ class ClaimableMixin(models.Model):
         ``fields`` are result fields: naming the primary key or the claim bookkeeping
         (status, token, lease, holder, attempts, ``finished_at``, ``last_error``) raises
         ``ValueError`` before anything is written."""
-        lifecycle.complete(self, **fields)
+        transitions.complete(self, **fields)
 
     def fail(self, error: BaseException | str = "", **fields: Any) -> None:
         """Mark the claimed task ``failed`` for good (the dead-letter state)."""
-        lifecycle.fail(self, error, **fields)
+        transitions.fail(self, error, **fields)
 
     def retry(
         self, delay: float | timedelta | None = None, error: BaseException | str = "", **fields: Any
@@ -162,15 +164,15 @@ class ClaimableMixin(models.Model):
         Ends ``failed`` instead when ``max_attempts`` is exhausted. Returns the new
         logical state (``"ready"`` or ``"failed"``).
         """
-        return lifecycle.retry(self, delay=delay, error=error, **fields)
+        return transitions.retry(self, delay=delay, error=error, **fields)
 
     def release(self) -> None:
         """Give the task back untouched: ``ready`` now, and this attempt is not counted."""
-        lifecycle.release(self)
+        transitions.release(self)
 
     def extend_lease(self, seconds: float | timedelta | None = None) -> None:
         """Push the lease to ``now() + seconds`` (database clock; default: the model's lease)."""
-        lifecycle.extend_lease(self, seconds)
+        transitions.extend_lease(self, seconds)
 
     @contextmanager
     def fenced(self, *, using: str | None = None, complete: bool = False) -> Iterator[None]:
@@ -195,7 +197,7 @@ class ClaimableMixin(models.Model):
         the block raises, nothing it wrote commits and the task object is as it was on
         entry.
         """
-        with lifecycle.fenced(self, using=using, complete=complete):
+        with transitions.fenced(self, using=using, complete=complete):
             yield
 
     def cancel_requested(self, *, check: bool = False) -> bool:
@@ -207,41 +209,13 @@ class ClaimableMixin(models.Model):
         e.g. outside a worker. Once ``True`` it stays ``True``. Stopping is cooperative:
         a body that goes on is not interrupted, but none of its fenced writes lands.
         """
-        return lifecycle.cancel_requested(self, check=check)
+        return outcome.cancel_requested(self, check=check)
 
     @property
     def claim_state(self) -> str | None:
         """The logical state of the row (``"ready"``, ``"processing"``, …)."""
         opts = get_options(self)
         return opts.state_of(getattr(self, opts.status_field))
-
-
-def claim_indexes(
-    prefix: str,
-    *,
-    status_field: str = "status",
-    ready: Any = Status.READY.value,
-    processing: Any = Status.PROCESSING.value,
-    order: Iterable[str] = ("-priority", "created_at"),
-) -> list[models.Index]:
-    """Return the two partial indexes the claim and reaper queries use.
-
-    For models whose table, status values or ordering differ from
-    :class:`ClaimableModel`'s: put the result in ``Meta.indexes``. ``prefix`` makes
-    the index names (keep it ≤ 24 characters).
-    """
-    return [
-        models.Index(
-            fields=list(order),
-            condition=models.Q(**{status_field: ready}),
-            name=f"{prefix}_claim",
-        ),
-        models.Index(
-            fields=["locked_until"],
-            condition=models.Q(**{status_field: processing}),
-            name=f"{prefix}_lease",
-        ),
-    ]
 
 
 class ClaimableModel(
@@ -265,15 +239,4 @@ class ClaimableModel(
 
     class Meta:
         abstract = True
-        indexes = [
-            models.Index(
-                fields=["-priority", "created_at"],
-                condition=models.Q(status="ready"),
-                name="%(app_label).9s_%(class).12s_claim",
-            ),
-            models.Index(
-                fields=["locked_until"],
-                condition=models.Q(status="processing"),
-                name="%(app_label).9s_%(class).12s_lease",
-            ),
-        ]
+        indexes = claim_indexes("%(app_label).9s_%(class).12s")

@@ -9,65 +9,30 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, Self
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, connections, models, transaction
+from django.db import connections, models, transaction
 from django.db.models import Count, F, Q, Value
 from django.db.models.functions import Coalesce, Concat
 
-from django_taskclaim import signals
-from django_taskclaim.claim import resolve, status_recheck, validate_lease
+from django_taskclaim.claim import claim_rows, validate_lease
 from django_taskclaim.config import bounds
 from django_taskclaim.config.options import ClaimOptions, get_options
 from django_taskclaim.db import (
     DbNow,
-    default_worker_id,
-    in_user_atomic,
-    is_transient,
     retry_transient,
 )
-from django_taskclaim.exceptions import ClaimInTransactionError, ConfigurationError
-from django_taskclaim.model.unique import insert_unique
-from django_taskclaim.settle import outcome as lifecycle
-
-if TYPE_CHECKING:
-    from django_taskclaim.recovery.reap import ReapResult
+from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.model.status import UNKNOWN_STATE
+from django_taskclaim.model.unique_insert import insert_unique
+from django_taskclaim.recovery.reap import ReapResult, reap_queryset
+from django_taskclaim.rules import lease_expired_q, status_recheck
+from django_taskclaim.settle import batch
 
 logger = logging.getLogger("django_taskclaim.claim")
-
-#: The key under which :meth:`ClaimQuerySetMixin.state_counts` counts rows whose stored
-#: status maps to no logical state (a value written outside the library).
-UNKNOWN_STATE = "unknown"
-
-
-# -- the rules every figure, filter and recovery shares ---------------------------------
-
-
-def lease_expired_q(opts: ClaimOptions) -> Q:
-    """The "lease expired" rule: ``processing`` rows whose ``locked_until`` is before the
-    database's ``now()`` (never the caller's clock).
-
-    Exactly the rows :func:`~django_taskclaim.recovery.reap.reap` takes back; also the
-    ``expired()`` filter, the ``expired`` figures and the admin's lease filter and
-    "reap now" action. Usable on any queryset of the model and inside UPDATEs.
-    """
-    return opts.status_q("processing") & Q(locked_until__lt=DbNow())
-
-
-def lease_running_q(opts: ClaimOptions) -> Q:
-    """``processing`` rows whose lease has not expired by :func:`lease_expired_q`:
-    ``locked_until`` at or after the database's ``now()``."""
-    return opts.status_q("processing") & Q(locked_until__gte=DbNow())
-
-
-def lease_ended(locked_until: datetime, now: datetime) -> bool:
-    """:func:`lease_expired_q` for a value already read: whether a lease ending at
-    ``locked_until`` has expired at ``now``, which must be the database's clock (for
-    example the admin's per-row annotation of it)."""
-    return locked_until < now
 
 
 def as_claim_queryset(queryset: models.QuerySet) -> Any:
@@ -77,40 +42,6 @@ def as_claim_queryset(queryset: models.QuerySet) -> Any:
     if isinstance(queryset, ClaimQuerySetMixin):
         return queryset
     return ClaimQuerySet(model=queryset.model, query=queryset.query.chain(), using=queryset.db)
-
-
-def _plain_key(qs: Any, strategy: str) -> tuple[Any, ...] | None:
-    """A cache key for claims on ``qs`` when it has no filters, slicing, ``extra()``,
-    ``distinct()`` or set operation of the caller's: its claim SQL is then the same
-    every time. ``None`` otherwise (the SQL is compiled afresh)."""
-    query = qs.query
-    if (
-        query.has_filters()
-        or query.is_sliced
-        or query.extra
-        or query.distinct
-        or query.combinator
-        or query.select_for_update
-        or query.deferred_loading != (frozenset(), True)  # only() / defer()
-    ):
-        return None
-    return (type(qs), qs.model, qs.db, strategy)
-
-
-_CLAIMABLE: dict[tuple[Any, ...], Any] = {}
-
-
-def _claimable(qs: Any, cache_key: tuple[Any, ...] | None) -> Any:
-    """``qs.claimable()``, built once per ``cache_key``. The strategies only derive new
-    querysets from it (or use its model and database), never evaluate it."""
-    if cache_key is None:
-        return qs.claimable()
-    found = _CLAIMABLE.get(cache_key)
-    if found is None:
-        if len(_CLAIMABLE) >= 512:
-            _CLAIMABLE.clear()
-        found = _CLAIMABLE[cache_key] = qs.claimable()
-    return found
 
 
 if TYPE_CHECKING:
@@ -185,47 +116,7 @@ class ClaimQuerySetMixin(_QuerySetBase):
         when every retry lost the race to other claimers). Refused inside the caller's
         own ``atomic()`` block (except with ``strategy="hold"``, which requires one).
         """
-        n = bounds.number(n, "claim(n)", bounds.CLAIM_SIZE, error=ValueError)
-        opts = self.claim_options
-        using = self.db
-        lease_s = validate_lease(opts.lease if lease is None else lease)
-        if worker is not None and (not isinstance(worker, str) or len(worker) > 255):
-            raise ConfigurationError(
-                f"worker must be a string of at most 255 characters, got {worker!r}"
-            )
-        worker = worker or default_worker_id()
-        strat = resolve(strategy or opts.strategy, using)
-        if strat.needs_caller_atomic:
-            if not in_user_atomic(using):
-                raise ClaimInTransactionError(
-                    f"strategy {strat.name!r} holds row locks for a transaction: call it "
-                    f"inside transaction.atomic(using={using!r}) and process the rows there"
-                )
-        elif in_user_atomic(using):
-            raise ClaimInTransactionError(
-                "claim() was called inside an open transaction.atomic() block: the claim "
-                "would stay invisible to other workers until that block commits and would "
-                "hold row locks meanwhile. Claim outside the block, then use "
-                "task.fenced() for transactional work on the claimed row."
-            )
-        cache_key = _plain_key(self, strat.name)
-        qs = _claimable(self, cache_key)
-        try:
-            rows = retry_transient(
-                lambda: strat.claim(
-                    qs, n, opts=opts, lease=lease_s, worker=worker, cache_key=cache_key
-                ),
-                using,
-                what=f"claim {opts.label}",
-            )
-        except DatabaseError as exc:
-            if not (strat.conflict_means_taken and is_transient(exc, using)):
-                raise
-            logger.info("claim of %s lost the race on every retry: claimed nothing", opts.label)
-            return []
-        if rows:
-            signals.task_claimed.send(sender=self.model, tasks=rows, worker=worker, using=using)
-        return rows
+        return claim_rows(self, n, lease=lease, worker=worker, strategy=strategy)
 
     def claim_next(self, **kwargs: Any) -> Any | None:
         """Claim the oldest claimable row, or return ``None``. Same guarantees as ``claim``."""
@@ -250,7 +141,7 @@ class ClaimQuerySetMixin(_QuerySetBase):
         has several. The database's unique constraint decides, so concurrent callers
         never create two active rows with one key; other integrity errors are raised.
         Works inside and outside ``transaction.atomic()``. See
-        :func:`django_taskclaim.model.unique.insert_unique` and ``docs/unique.md``.
+        :func:`django_taskclaim.model.unique_insert.insert_unique` and ``docs/unique.md``.
         """
         model = self.model
         self._for_write = True
@@ -362,7 +253,7 @@ class ClaimQuerySetMixin(_QuerySetBase):
         for t in tasks:
             if not isinstance(t, self.model):
                 raise TypeError(f"complete_many() got {t!r}, not a {self.model._meta.label}")
-        return lifecycle.complete_many(tasks)
+        return batch.complete_many(tasks)
 
     # -- bulk operations (fenced by the state condition, token bumped) ---------------
     def _transition(
@@ -445,10 +336,6 @@ class ClaimQuerySetMixin(_QuerySetBase):
 
     def reap(self, **kwargs: Any) -> ReapResult:
         """Recover this queryset's expired leases (:func:`~django_taskclaim.recovery.reap.reap`)."""
-        from django_taskclaim.recovery.reap import (
-            reap_queryset,  # deferred: cycle, the reaper imports this module
-        )
-
         return reap_queryset(self._qs(), **kwargs)
 
     def state_counts(self) -> dict[str, int]:

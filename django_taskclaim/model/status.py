@@ -25,3 +25,7 @@ class Status(models.TextChoices):
 #: to the value stored in its own column.
 STATE_NAMES = ("ready", "processing", "done", "failed", "cancelled")
 TERMINAL_STATES = ("done", "failed", "cancelled")
+
+#: The key under which ``state_counts()`` and the figures count rows whose stored status
+#: maps to no logical state (a value written outside the library).
+UNKNOWN_STATE = "unknown"

@@ -11,55 +11,23 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
-from django.db import connections, models, router
-from django.db.models import Min, Q
-from django.db.models.expressions import CombinedExpression
-from django.utils import timezone
-from django.utils.dateparse import parse_datetime
+from django.db import models, router
+from django.db.models import Min
 
-from django_taskclaim.backends import for_connection
-from django_taskclaim.config.options import claimable_models, get_options
-from django_taskclaim.config.settings import taskclaim_settings
-from django_taskclaim.db import DbNow
+from django_taskclaim.config.discovery import claimable_models
+from django_taskclaim.config.options import get_options
+from django_taskclaim.db import DbNow, db_now
 from django_taskclaim.model.queryset import as_claim_queryset
 from django_taskclaim.model.status import STATE_NAMES
-from django_taskclaim.recovery.prune import (
-    PruneResult as PruneResult,  # retention's names, importable here too
-)
-from django_taskclaim.recovery.prune import parse_age as parse_age
-from django_taskclaim.recovery.prune import prune as prune
-from django_taskclaim.recovery.prune import prune_models as prune_models
+from django_taskclaim.rules import live_worker_q
 
 logger = logging.getLogger("django_taskclaim.ops.figures")
 
 #: Windows (minutes) of the "done recently" figures.
 THROUGHPUT_WINDOWS = (5, 60)
-
-
-def db_now(using: str = "default") -> datetime:
-    """The database server's current time (aware when ``USE_TZ``), one cheap query.
-
-    Lease and age figures are differences against this value, so a web server with a
-    skewed clock still shows what the database (and therefore the reaper) sees.
-    """
-    conn = connections[using]
-    statement = for_connection(conn).read_clock(use_tz=settings.USE_TZ)
-    if statement is None:  # pragma: no cover - other vendors
-        return timezone.now()
-    with conn.cursor() as cursor:
-        cursor.execute(statement.sql, statement.params or None)  # no params: % stays literal
-        value = cursor.fetchone()[0]
-    if isinstance(value, str):
-        value = parse_datetime(value)
-    if value is None:  # pragma: no cover - defensive
-        return timezone.now()
-    if timezone.is_naive(value):
-        value = timezone.make_aware(value, UTC)
-    return value
 
 
 def humanize_seconds(seconds: float) -> str:
@@ -73,43 +41,6 @@ def humanize_seconds(seconds: float) -> str:
     if s < 86400:
         return f"{s // 3600}h {(s % 3600) // 60:02d}m"
     return f"{s // 86400}d {(s % 86400) // 3600:02d}h"
-
-
-# -- the live-worker rule ------------------------------------------------------------
-
-
-def silent_after() -> float:
-    """Seconds of registry silence after which a worker is *shown* as silent
-    (``TASKCLAIM_WORKER_SILENT_AFTER``). Display only: silence is not death, and no row
-    is taken from a silent worker before its lease ends."""
-    return float(taskclaim_settings.WORKER_SILENT_AFTER)
-
-
-def silence_cutoff() -> CombinedExpression:
-    """The database's ``now()`` minus :func:`silent_after`: a registered worker whose
-    last heartbeat (``last_seen``) is before it is silent, at or after it live."""
-    return DbNow() - timedelta(seconds=silent_after())
-
-
-def live_worker_q() -> Q:
-    """Registered workers that are not stopped and were heard from at or after
-    :func:`silence_cutoff` (database clock): the dashboard's and ``taskclaim_stats``'
-    live workers, the admin's "live" filter and badge."""
-    return Q(stopped_at__isnull=True, last_seen__gte=silence_cutoff())
-
-
-def silent_worker_q() -> Q:
-    """Registered workers that are not stopped and were last heard from before
-    :func:`silence_cutoff`: the complement of :func:`live_worker_q` among the workers
-    not stopped. Shown to operators, never taken as proof of death."""
-    return Q(stopped_at__isnull=True, last_seen__lt=silence_cutoff())
-
-
-def heard_from_recently(last_seen: datetime, now: datetime) -> bool:
-    """:func:`live_worker_q`'s heartbeat test for a value already read: whether
-    ``last_seen`` is at or after :func:`silence_cutoff` when the database's clock reads
-    ``now``."""
-    return last_seen >= now - timedelta(seconds=silent_after())
 
 
 @dataclass

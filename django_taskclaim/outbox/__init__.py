@@ -1,54 +1,27 @@
 """The transactional outbox: messages written with the change they announce, relayed
 to a broker at least once, in order per key.
 
-- :class:`OutboxMessage` — the abstract model of a message (claimable).
-- :func:`publish` — write one, inside the caller's ``transaction.atomic()``.
-- :class:`Relay` — claims, publishes and completes (fenced) the committed rows,
-  partitioned by key hash, one relay per partition at a time.
+- :mod:`.models` — :class:`OutboxMessage`, the abstract model of a message (claimable),
+  and the key-hash partitions.
+- :mod:`.write` — :func:`publish`: write one, inside the caller's ``transaction.atomic()``.
 - :mod:`.limits` — what each broker can never accept (``publish()`` checks it).
-- Publishers: :class:`RabbitMQPublisher` (``pika``), :class:`NatsPublisher`
-  (``nats-py``), :class:`KafkaPublisher` (untested), behind :class:`Publisher`.
+- :mod:`.relay` — :class:`Relay`: claims, publishes and completes (fenced) the committed
+  rows in rounds; :mod:`.partitions` — which key-hash partitions it holds, one relay per
+  partition at a time (lease); :mod:`.options` — its numeric options, declared once;
+  :mod:`.runner` — the relay as a process (``manage.py taskclaim_relay``).
+- :mod:`.publisher` — the :class:`Publisher` protocol and its errors; the publishers:
+  :mod:`.rabbitmq` (``pika``), :mod:`.nats` (``nats-py``), :mod:`.kafka` (untested);
+  :mod:`.brokers` — them by name (``make_publisher``).
 
-See ``docs/outbox.md``.
+This package re-exports only the names ``docs/outbox.md`` shows from it
+(``OutboxMessage``, ``publish``, ``Relay``, ``Publisher``); import the rest from its module.
 """
 
 from __future__ import annotations
 
-from django_taskclaim.outbox.models import KEY_HASH_SPACE, OutboxMessage, key_hash, partition_range
-from django_taskclaim.outbox.publishers import (
-    KEY_HEADER,
-    PUBLISHERS,
-    KafkaPublisher,
-    MessagesRejected,
-    NatsPublisher,
-    Publisher,
-    PublishError,
-    RabbitMQPublisher,
-    make_publisher,
-)
-from django_taskclaim.outbox.relay import MAX_PARTITIONS, MESSAGE_ATTEMPTS, Relay, rounds
-from django_taskclaim.outbox.write import default_outbox_model, outbox_model, outbox_models, publish
+from django_taskclaim.outbox.models import OutboxMessage
+from django_taskclaim.outbox.publisher import Publisher
+from django_taskclaim.outbox.relay import Relay
+from django_taskclaim.outbox.write import publish
 
-__all__ = [
-    "KEY_HASH_SPACE",
-    "KEY_HEADER",
-    "MAX_PARTITIONS",
-    "MESSAGE_ATTEMPTS",
-    "PUBLISHERS",
-    "KafkaPublisher",
-    "MessagesRejected",
-    "NatsPublisher",
-    "OutboxMessage",
-    "PublishError",
-    "Publisher",
-    "RabbitMQPublisher",
-    "Relay",
-    "default_outbox_model",
-    "key_hash",
-    "make_publisher",
-    "outbox_model",
-    "outbox_models",
-    "partition_range",
-    "publish",
-    "rounds",
-]
+__all__ = ["OutboxMessage", "Publisher", "Relay", "publish"]

@@ -1,23 +1,18 @@
 """The relay: claims outbox rows per partition, publishes them, completes them fenced.
 
-Ordering keys are hashed into ``partitions`` ranges; each partition is held by one
-relay at a time through a :class:`~django_taskclaim.locks.LeaseLock`
-(``taskclaim.outbox:<model>:<partitions>:<p>``). The holder claims the partition's
-ready rows in ``id`` order, publishes them in rounds of at most one message per key
-(a round starts only once the broker confirmed the previous one), and marks the
+The holder of a partition (:mod:`.partitions`: which partitions this relay holds, by
+lease, and the takeover of a dead holder's) claims the partition's ready rows in ``id``
+order, publishes them in rounds of at most one message per key (a round starts only once
+the broker confirmed the previous one, through a :mod:`.publisher`), and marks the
 confirmed rows ``done`` with one fenced UPDATE
-(:func:`~django_taskclaim.settle.batch.complete_many`).
-A relay that takes a partition over first releases the rows its previous holder left
-``processing`` (bumping their claim tokens): that holder's completions then match
-nothing (FENCED), and the new holder re-publishes them in order (at least once).
+(:func:`~django_taskclaim.settle.batch.complete_many`). Its arguments are validated
+against :data:`~django_taskclaim.outbox.options.RELAY_OPTIONS`.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import threading
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,20 +20,18 @@ from typing import Any
 from django.db import DatabaseError, close_old_connections, router
 from django.db.models import Min
 
-from django_taskclaim.config import bounds
 from django_taskclaim.db import default_worker_id
 from django_taskclaim.exceptions import ClaimLost
-from django_taskclaim.locks import LeaseLock
-from django_taskclaim.outbox.models import OutboxMessage, partition_range
-from django_taskclaim.outbox.publishers import MessagesRejected, Publisher, PublishError
+from django_taskclaim.outbox.models import OutboxMessage
+from django_taskclaim.outbox.options import validate
+from django_taskclaim.outbox.partitions import PartitionHolder
+from django_taskclaim.outbox.publisher import MessagesRejected, Publisher, PublishError
 from django_taskclaim.outbox.write import outbox_model
 from django_taskclaim.settle.batch import complete_many
-from django_taskclaim.settle.outcome import fail, release
+from django_taskclaim.settle.transitions import fail, release
 
 logger = logging.getLogger("django_taskclaim.outbox")
 
-#: Most partitions a relay layout may have.
-MAX_PARTITIONS = 4096
 #: Failures in a row after which a message that fails on its own (the publisher's
 #: ``PublishError.errors``: the broker stayed reachable) is marked ``failed``.
 MESSAGE_ATTEMPTS = 5
@@ -58,7 +51,7 @@ def rounds(messages: Sequence[Any]) -> list[list[Any]]:
     return out
 
 
-class Relay:
+class Relay(PartitionHolder):
     """Publishes the committed rows of an outbox model, at least once, in order per key.
 
     Guarantees: every ``ready`` row is eventually published and marked ``done`` (or
@@ -92,53 +85,34 @@ class Relay:
         using: str | None = None,
         owner: str | None = None,
     ) -> None:
-        self.model = outbox_model(model)
-        self.publisher = publisher
-        self.partitions = bounds.number(
-            partitions, "partitions", bounds.Bound(1, MAX_PARTITIONS, whole=True), error=ValueError
-        )
-        self.max_partitions = bounds.number(
-            self.partitions if max_partitions is None else max_partitions,
-            "max_partitions",
-            bounds.Bound(1, self.partitions, whole=True),
+        model = outbox_model(model)
+        values = validate(
+            {
+                "partitions": partitions,
+                "max_partitions": partitions if max_partitions is None else max_partitions,
+                "batch": batch,
+                "lease": lease,
+                "poll": poll,
+                "backoff": backoff,
+                "backoff_max": backoff_max,
+            },
             error=ValueError,
         )
-        self.batch = bounds.number(batch, "batch", bounds.CLAIM_SIZE, error=ValueError)
-        self.lease = float(
-            bounds.number(lease, "lease", bounds.Bound(1.0, 3600.0), error=ValueError)
+        super().__init__(
+            model,
+            partitions=values["partitions"],
+            max_partitions=values["max_partitions"],
+            lease=values["lease"],
+            using=using or router.db_for_write(model),
+            owner=owner or f"{default_worker_id()}:relay:{uuid.uuid4().hex[:8]}",
         )
-        self.poll = float(bounds.number(poll, "poll", bounds.Bound(0.01, 60.0), error=ValueError))
-        self.backoff = float(
-            bounds.number(backoff, "backoff", bounds.Bound(0.01, 60.0), error=ValueError)
-        )
-        self.backoff_max = float(
-            bounds.number(
-                backoff_max, "backoff_max", bounds.Bound(self.backoff, 3600.0), error=ValueError
-            )
-        )
-        self.using = using or router.db_for_write(self.model)
-        self.owner = owner or f"{default_worker_id()}:relay:{uuid.uuid4().hex[:8]}"
-        self.locks: dict[int, LeaseLock] = {}
-        self._stop = threading.Event()
-        self._renewed: dict[int, float] = {}
-        self._next_acquire = 0.0
+        self.publisher = publisher
+        self.batch: int = values["batch"]
+        self.poll: float = values["poll"]
+        self.backoff: float = values["backoff"]
+        self.backoff_max: float = values["backoff_max"]
         #: Messages published and completed by this relay.
         self.published = 0
-
-    # -- control --------------------------------------------------------------------
-    def stop(self) -> None:
-        """Ask the relay to stop: it ends the batch in hand (a batch waiting for the
-        broker gives its unconfirmed rows back), releases its partitions and returns."""
-        self._stop.set()
-
-    @property
-    def stopping(self) -> bool:
-        """Whether :meth:`stop` was called."""
-        return self._stop.is_set()
-
-    def lock_key(self, partition: int) -> str:
-        """The lease-lock key of ``partition``."""
-        return f"taskclaim.outbox:{self.model._meta.label_lower}:{self.partitions}:{partition}"
 
     def run(self, *, burst: bool = False, on_idle: Callable[[], None] | None = None) -> int:
         """Relay until :meth:`stop` (or, with ``burst``, until a pass over the partitions it
@@ -172,89 +146,6 @@ class Relay:
                 self._drop(partition, release=True)
             self.publisher.close()
         return self.published
-
-    # -- partitions -----------------------------------------------------------------
-    def _hold_partitions(self) -> None:
-        """Renew the held partitions that are due, drop the lost ones, and try to take
-        free ones up to ``max_partitions``."""
-        now = time.monotonic()
-        for partition, lock in list(self.locks.items()):
-            if not lock.held:
-                self._drop(partition, release=False)
-            elif now - self._renewed.get(partition, 0.0) >= self.lease / 3:
-                if lock.renew():
-                    self._renewed[partition] = now
-                else:
-                    self._drop(partition, release=False)
-        if len(self.locks) >= self.max_partitions or now < self._next_acquire:
-            return
-        # Free partitions are tried every lease / 3 (a dead holder's lease ends after
-        # ``lease``), not on every pass: that would be one statement per partition per poll.
-        self._next_acquire = now + self.lease / 3
-        free = [p for p in range(self.partitions) if p not in self.locks]
-        random.shuffle(free)
-        for partition in free:
-            if len(self.locks) >= self.max_partitions:
-                break
-            lock = LeaseLock(
-                self.lock_key(partition), self.lease, owner=self.owner, using=self.using
-            )
-            if lock.acquire():
-                self.locks[partition] = lock
-                self._renewed[partition] = time.monotonic()
-                taken = self._scope(partition).processing().release()
-                logger.info(
-                    "relay partition acquired model=%s partition=%s/%s token=%s released=%s",
-                    self.model._meta.label,
-                    partition,
-                    self.partitions,
-                    lock.token,
-                    taken,
-                )
-
-    def _drop(self, partition: int, *, release: bool) -> None:
-        lock = self.locks.pop(partition)
-        self._renewed.pop(partition, None)
-        if release:
-            lock.release()
-        else:
-            logger.warning(
-                "relay partition lost model=%s partition=%s/%s",
-                self.model._meta.label,
-                partition,
-                self.partitions,
-            )
-
-    def _scope(self, partition: int) -> Any:
-        low, high = partition_range(partition, self.partitions)
-        return self.model._default_manager.using(self.using).filter(
-            key_hash__gte=low, key_hash__lt=high
-        )
-
-    def _keep_alive(self, partition: int, rows: Sequence[Any]) -> bool:
-        """Renew the partition's lease and the rows' leases if due; ``False`` when lost."""
-        lock = self.locks.get(partition)
-        if lock is None or not lock.held:
-            return False
-        now = time.monotonic()
-        if now - self._renewed.get(partition, 0.0) < self.lease / 3:
-            return True
-        if not lock.renew():
-            return False
-        self._renewed[partition] = now
-        lost = self.model._default_manager.using(self.using).extend_leases(list(rows), self.lease)
-        return not lost
-
-    def _wait(self, seconds: float, partition: int | None = None, rows: Sequence[Any] = ()) -> bool:
-        """Wait ``seconds`` (or until stopped), keeping the partition alive; ``False`` if
-        it was lost or the relay is stopping."""
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            if self._stop.wait(min(left, max(0.05, self.lease / 6))):
-                return False
-            if partition is not None and not self._keep_alive(partition, rows):
-                return False
-        return not self.stopping
 
     # -- one batch ------------------------------------------------------------------
     def _drain(self, partition: int) -> int:

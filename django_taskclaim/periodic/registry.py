@@ -19,7 +19,7 @@ from django.db import models
 from django.utils.module_loading import autodiscover_modules
 
 from django_taskclaim.config import bounds
-from django_taskclaim.config.options import is_claimable
+from django_taskclaim.config.discovery import is_claimable
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.periodic.timing import CronTiming, Timing, parse_timing, parse_zone, zone_name
 

@@ -9,25 +9,18 @@ transaction, then fails on the unique constraint inside a savepoint: it enqueues
 
 from __future__ import annotations
 
-import inspect
-import json
 import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-from asgiref.sync import async_to_sync
 from django.apps import apps
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 from django.db.models import Model
-from django.utils.module_loading import import_string
 
 from django_taskclaim.config import bounds
 from django_taskclaim.config.options import get_options
 from django_taskclaim.db import DbNow, retry_transient
-from django_taskclaim.exceptions import Fail
 from django_taskclaim.models import PeriodicRun, PeriodicSlot
 from django_taskclaim.periodic.registry import Schedule
 
@@ -37,7 +30,6 @@ __all__ = [
     "enqueue_slot",
     "last_slot",
     "prune_slots",
-    "run_function",
     "schedule_state",
 ]
 
@@ -190,38 +182,6 @@ class Planner:
         """The earliest slot after ``now`` over all schedules, or ``None`` if none has one."""
         found = [s.next_after(now) for s in self.schedules]
         return min((f for f in found if f is not None), default=None)
-
-
-def _takes_run(func: Any) -> bool:
-    try:
-        parameters = inspect.signature(func).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(
-        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in parameters
-    )
-
-
-def _storable(value: Any) -> Any:
-    try:
-        json.dumps(value, cls=DjangoJSONEncoder)
-    except (TypeError, ValueError):
-        return repr(value)[:2000]
-    return value
-
-
-def run_function(run: PeriodicRun) -> dict[str, Any] | None:
-    """Run ``run``'s function once (the body of a ``PeriodicRun`` task): with the row if
-    it takes an argument, else with none; ``async def`` functions too. A returned value
-    is saved in ``result`` with the completion; ``Retry`` / ``Fail`` / errors follow the
-    task rules. A function that can no longer be imported fails the run for good."""
-    try:
-        func = import_string(run.function)
-    except ImportError as exc:
-        raise Fail(f"periodic function {run.function!r} cannot be imported: {exc}") from exc
-    args = (run,) if _takes_run(func) else ()
-    value = async_to_sync(func)(*args) if inspect.iscoroutinefunction(func) else func(*args)
-    return None if value is None else {"result": _storable(value)}
 
 
 @dataclass(frozen=True)

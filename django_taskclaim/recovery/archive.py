@@ -23,16 +23,15 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, cast
 
-from django.db import connections, models, router, transaction
+from django.db import connections, models, transaction
 from django.db.models import GeneratedField, Q
 from django.db.models.fields import AutoFieldMixin
 
 from django_taskclaim.backends import for_connection
-from django_taskclaim.config import bounds
 from django_taskclaim.config.options import get_options
-from django_taskclaim.db import DbNow, retry_transient
+from django_taskclaim.db import retry_transient
 from django_taskclaim.exceptions import ConfigurationError
-from django_taskclaim.model.status import TERMINAL_STATES
+from django_taskclaim.recovery.finished import finished_rows, older_than_age
 
 logger = logging.getLogger("django_taskclaim.recovery.prune")
 
@@ -117,7 +116,7 @@ def archive_of(
         "__module__": model.__module__,
         "__doc__": f"Finished rows of {opts.label}, moved out of its table.",
         "Meta": type("Meta", (), meta),
-        # Never claimed (see options.is_archive), though it has the claim fields.
+        # Never claimed (see config.claim_meta.is_archive), though it has the claim fields.
         "taskclaim_archive_of": opts.label,
     }
     for field in copied_fields(model):
@@ -185,7 +184,7 @@ def archive_finished(
     both tables, nor in neither, at any commit. ``older_than`` must be a ``timedelta``
     from 0 to 36500 days, else :class:`ConfigurationError` and nothing is moved.
     """
-    older_than = bounds.span(older_than, "older_than", bounds.AGE)
+    older_than = older_than_age(older_than)
     opts = get_options(model)
     target = opts.archive
     if target is None:
@@ -196,22 +195,19 @@ def archive_finished(
     problems = archive_problems(model)
     if problems:
         raise ConfigurationError("; ".join(problems))
-    if not opts.has("finished_at"):
-        raise ConfigurationError(
-            f"{opts.label} has no finished_at field, so the age of its finished rows is "
-            "unknown; add TimestampFieldsMixin"
-        )
-    bad = [s for s in states if s not in TERMINAL_STATES]
-    if bad or not states:
-        raise ConfigurationError(
-            f"can only archive finished states ({', '.join(TERMINAL_STATES)}), got {list(states)}"
-        )
-    mapped = [s for s in states if opts.statuses.get(s) is not None]
-    if not mapped:
+    rows = finished_rows(
+        model,
+        opts,
+        older_than=older_than,
+        states=states,
+        batch_size=batch_size,
+        using=using,
+        verb="archive",
+        hint="add TimestampFieldsMixin",
+    )
+    if rows is None:
         return 0
-    batch_size = bounds.number(batch_size, "batch_size", bounds.BATCH_SIZE)
-    db = using or router.db_for_write(model)
-    cond = opts.status_q(*mapped) & Q(finished_at__lt=DbNow() - older_than)
+    batch_size, db, cond = rows.batch_size, rows.db, rows.cond
     if dry_run:
         return model._base_manager.using(db).filter(cond).count()
     moved = batches = 0

@@ -15,15 +15,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.db import models, router
-from django.db.models import Q
+from django.db import models
 
 from django_taskclaim.config import bounds
-from django_taskclaim.config.options import claimable_models, get_options
-from django_taskclaim.db import DbNow
+from django_taskclaim.config.discovery import claimable_models
+from django_taskclaim.config.options import get_options
 from django_taskclaim.exceptions import ConfigurationError
-from django_taskclaim.model.status import TERMINAL_STATES
 from django_taskclaim.recovery.archive import archive_finished
+from django_taskclaim.recovery.finished import finished_rows, older_than_age
 
 logger = logging.getLogger("django_taskclaim.recovery.prune")
 
@@ -88,24 +87,21 @@ def prune(
     (or that a ``dry_run`` would delete). ``older_than`` must be a ``timedelta`` from 0
     to 36500 days, else :class:`ConfigurationError` and nothing is deleted.
     """
-    older_than = bounds.span(older_than, "older_than", bounds.AGE)
+    older_than = older_than_age(older_than)
     opts = get_options(model)
-    if not opts.has("finished_at"):
-        raise ConfigurationError(
-            f"{opts.label} has no finished_at field, so the age of its finished rows is "
-            "unknown; add TimestampFieldsMixin or prune it with your own query"
-        )
-    bad = [s for s in states if s not in TERMINAL_STATES]
-    if bad or not states:
-        raise ConfigurationError(
-            f"can only prune finished states ({', '.join(TERMINAL_STATES)}), got {list(states)}"
-        )
-    mapped = [s for s in states if opts.statuses.get(s) is not None]
-    if not mapped:
+    rows = finished_rows(
+        model,
+        opts,
+        older_than=older_than,
+        states=states,
+        batch_size=batch_size,
+        using=using,
+        verb="prune",
+        hint="add TimestampFieldsMixin or prune it with your own query",
+    )
+    if rows is None:
         return 0
-    batch_size = bounds.number(batch_size, "batch_size", bounds.BATCH_SIZE)
-    db = using or router.db_for_write(model)
-    cond = opts.status_q(*mapped) & Q(finished_at__lt=DbNow() - older_than)
+    batch_size, db, cond = rows.batch_size, rows.db, rows.cond
     scope = model._base_manager.using(db).filter(cond)
     if dry_run:
         return scope.count()
@@ -146,7 +142,7 @@ def prune_models(
     claimable model is pruned, such a model is listed in ``skipped`` instead. A bad
     ``older_than`` is refused before any model is touched.
     """
-    older_than = bounds.span(older_than, "older_than", bounds.AGE)
+    older_than = older_than_age(older_than)
     result = PruneResult(dry_run=dry_run)
     for model in models_ or list(claimable_models()):
         opts = get_options(model)

@@ -34,10 +34,11 @@ from django.db.models.functions import Coalesce, Concat
 
 from django_taskclaim import signals
 from django_taskclaim.config import bounds
-from django_taskclaim.config.options import claimable_models, get_options
+from django_taskclaim.config.discovery import claimable_models
+from django_taskclaim.config.options import ClaimOptions, get_options
 from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.db import DbNow, retry_transient
-from django_taskclaim.model.queryset import lease_expired_q
+from django_taskclaim.rules import lease_expired_q
 
 logger = logging.getLogger("django_taskclaim.recovery.reap")
 
@@ -73,7 +74,6 @@ def reap_queryset(
 ) -> ReapResult:
     """Recover the stuck rows of ``qs``; see :func:`reap` and :func:`release_worker`."""
     opts = get_options(qs.model)
-    using = qs.db
     batch = bounds.number(
         taskclaim_settings.REAP_BATCH if batch_size is None else batch_size,
         "batch_size",
@@ -81,6 +81,22 @@ def reap_queryset(
         error=ValueError,
     )
     holders = list(held_by) if held_by is not None else None
+    stuck, why = _stuck(opts, holders, reason)
+    scope = qs.filter(stuck)
+    if dry_run:
+        return _count_stuck(scope, opts)
+    to_failed, to_ready = _reap_writes(opts, why)
+    result = _reap_in_batches(
+        qs, scope, stuck, opts, batch, to_failed, to_ready,
+        by_holder=holders is not None, max_batches=max_batches,
+    )  # fmt: skip
+    _report(qs, opts, result)
+    return result
+
+
+def _stuck(opts: ClaimOptions, holders: list[str] | None, reason: str | None) -> tuple[Q, str]:
+    """Which rows are stuck (held by ``holders``, or with an expired lease) and the
+    ``last_error`` they get (``{}``: where the holder goes)."""
     if holders is not None:
         if not opts.has("locked_by"):
             raise ValueError(f"{opts.label} has no locked_by field; cannot reap by holder")
@@ -91,14 +107,20 @@ def reap_queryset(
         why = reason or "lease expired; held by {}"
     if "{}" not in why:
         why += " (held by {})"
-    scope = qs.filter(stuck)
-    result = ReapResult()
-    if dry_run:
-        n_failed = scope.filter(attempts__gte=opts.max_attempts).count()
-        result.add(opts.label, scope.count() - n_failed, n_failed)
-        return result
+    return stuck, why
 
-    base = qs.model._base_manager.using(using)
+
+def _count_stuck(scope: models.QuerySet, opts: ClaimOptions) -> ReapResult:
+    """A dry run: what a reap of ``scope`` would requeue and fail, nothing written."""
+    result = ReapResult()
+    n_failed = scope.filter(attempts__gte=opts.max_attempts).count()
+    result.add(opts.label, scope.count() - n_failed, n_failed)
+    return result
+
+
+def _reap_writes(opts: ClaimOptions, why: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The values a reaped row gets: ``failed`` (its attempts used up) or ``ready``; the
+    token moves on either way, and ``last_error`` says ``why`` (with the holder)."""
     prefix, suffix = why.split("{}", 1)
     common: dict[str, Any] = {"version": F("version") + 1}
     if opts.has("last_error"):
@@ -111,15 +133,34 @@ def reap_queryset(
         to_failed["finished_at"] = DbNow()
     # ``locked_until`` is kept: a ready row with one is marked recovered (run alone next).
     to_ready = {**common, opts.status_field: opts.value("ready")}
-    max_attempts = opts.max_attempts
+    return to_failed, to_ready
+
+
+def _reap_in_batches(
+    qs: models.QuerySet,
+    scope: models.QuerySet,
+    stuck: Q,
+    opts: ClaimOptions,
+    batch: int,
+    to_failed: dict[str, Any],
+    to_ready: dict[str, Any],
+    *,
+    by_holder: bool,
+    max_batches: int | None,
+) -> ReapResult:
+    """Reap ``scope`` ``batch`` rows at a time (each batch retried on a transient error)
+    until a batch finds fewer, or ``max_batches`` ran."""
+    using = qs.db
+    base = qs.model._base_manager.using(using)
     features = connections[using].features
     skip_locked = features.has_select_for_update and features.has_select_for_update_skip_locked
+    result = ReapResult()
     batches = 0
     while max_batches is None or batches < max_batches:
         batches += 1
         found, requeued, failed = retry_transient(
-            partial(_reap_batch, scope, base, stuck, batch, max_attempts, to_failed, to_ready,
-                    skip_locked=holders is None and skip_locked),
+            partial(_reap_batch, scope, base, stuck, batch, opts.max_attempts, to_failed,
+                    to_ready, skip_locked=not by_holder and skip_locked),
             using,
             what="reap",
         )  # fmt: skip
@@ -128,14 +169,18 @@ def reap_queryset(
         result.add(opts.label, requeued, failed)
         if found < batch:
             break
+    return result
+
+
+def _report(qs: models.QuerySet, opts: ClaimOptions, result: ReapResult) -> None:
+    """Log a reap that recovered rows and send ``task_reaped``."""
     if result.total:
         logger.info(
             "reaped model=%s requeued=%s failed=%s", opts.label, result.requeued, result.failed
         )
         signals.task_reaped.send(
-            sender=qs.model, requeued=result.requeued, failed=result.failed, using=using
+            sender=qs.model, requeued=result.requeued, failed=result.failed, using=qs.db
         )
-    return result
 
 
 def _reap_batch(

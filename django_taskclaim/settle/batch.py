@@ -13,27 +13,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from typing import Any, cast
 
-from django.core.exceptions import FieldDoesNotExist
 from django.db import connections, models
 from django.db.models import F
 from django.db.models.expressions import Combinable, RawSQL
 
 from django_taskclaim import signals
-from django_taskclaim.backends import for_alias
-from django_taskclaim.claim import complete_many_in_one, status_recheck
-from django_taskclaim.config.options import (
-    CLAIM_STATE_FIELDS,
-    SLOT_FIELD,
-    ClaimOptions,
-    get_options,
-)
+from django_taskclaim.backends import for_alias, for_connection
+from django_taskclaim.config.options import ClaimOptions, get_options
 from django_taskclaim.db import DbNow, retry_transient
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.model.claimable import Claimable
-from django_taskclaim.settle.writes import _check_fields as _check_model_fields
-from django_taskclaim.settle.writes import _db
+from django_taskclaim.rules import status_recheck
+from django_taskclaim.settle.batch_json import complete_many_in_one
+from django_taskclaim.settle.writes import _db, check_fields
 
 #: The lifecycle's logger: a lost claim is logged under one name, batched or not.
 logger = logging.getLogger("django_taskclaim.settle.outcome")
@@ -65,31 +60,6 @@ class BatchableResult(dict[str, Any]):
         self.on_written = on_written
 
 
-def _check_fields(opts: ClaimOptions, task: Any, fields: Mapping[str, Any]) -> None:
-    """Refuse, before anything is written, result fields a transition may not write: the
-    primary key (``pk``, its name or column attribute, any primary-key field: the fenced
-    UPDATE would move the row), the claim bookkeeping (status, token, lease, holder,
-    attempts, ``finished_at``, ``last_error``, the concurrency slot: the transitions set
-    them) and names the model does not have. ``ValueError`` naming the field."""
-    meta = task._meta
-    pk = meta.pk
-    keys = {"pk", pk.name, pk.attname} if pk is not None else {"pk"}
-    bookkeeping = CLAIM_STATE_FIELDS | {opts.status_field, SLOT_FIELD}
-    for name in fields:
-        try:
-            field = meta.get_field(name)
-        except FieldDoesNotExist:
-            field = None
-        if name in keys or getattr(field, "primary_key", False):
-            raise ValueError(
-                f"{name!r} is the primary key of {opts.label}: result fields cannot "
-                "change which row a task is; nothing was written"
-            )
-        if field is not None and field.name in bookkeeping:
-            raise ValueError(f"{name!r} is claim bookkeeping; the lifecycle methods set it")
-    _check_model_fields(opts, task, fields)
-
-
 def _pending(task: Claimable) -> tuple[dict[str, Any], Callable[[], None] | None]:
     """The deferred result fields and callback of ``task`` (kept until written: a write
     retried after a lost connection must carry them again)."""
@@ -114,7 +84,7 @@ def complete_many(tasks: Iterable[Any]) -> list[Any]:
     for task in tasks:
         names = frozenset(_pending(task)[0])
         if names and (type(task), names) not in checked:  # refused before any write
-            _check_fields(get_options(task), task, dict.fromkeys(names))
+            check_fields(get_options(task), task, dict.fromkeys(names))
             checked.add((type(task), names))
         groups.setdefault((type(task), _db(task)), []).append(task)
     lost: list[Any] = []
@@ -146,62 +116,31 @@ def _tokens_match(model: type[models.Model], using: str, tokens: dict[Any, int])
         or not version_column
     ):
         raise ConfigurationError(f"{model._meta.label} needs concrete pk and version columns")
-    pk = f"{table}.{qn(pk_column)}"
-    version = f"{table}.{qn(version_column)}"
-    pairs = ", ".join(["(%s, %s)"] * len(tokens))
-    params: list[Any] = []
-    for key, token in tokens.items():
-        params.append(pk_field.get_db_prep_value(key, connection))
-        params.append(version_field.get_db_prep_value(token, connection))
-    return RawSQL(f"({pk}, {version}) IN ({pairs})", params, output_field=models.BooleanField())
+    pairs = [
+        (
+            pk_field.get_db_prep_value(key, connection),
+            version_field.get_db_prep_value(token, connection),
+        )
+        for key, token in tokens.items()
+    ]
+    sql, params = for_connection(connection).tokens_match(
+        ".".join((table, qn(pk_column))), ".".join((table, qn(version_column))), pairs
+    )
+    return RawSQL(sql, params, output_field=models.BooleanField())
 
 
 def _complete_chunk(model: type[models.Model], using: str, tasks: list[Any]) -> list[Any]:
+    """Complete one chunk of ``model``'s tasks on ``using`` in one fenced UPDATE; return
+    the tasks whose claim was lost. Steps: write (:func:`_chunk_writer`), tell the won
+    from the lost (:func:`_won`), then update the won instances (:func:`_mark_done`)."""
     opts = get_options(model)
-    values: dict[str, Any] = {
-        opts.status_field: opts.value("done"),
-        "version": F("version") + 1,
-        "locked_until": None,
-    }
-    if opts.has("finished_at"):
-        values["finished_at"] = DbNow()
     tokens = {t.pk: t.version for t in tasks}
     if len(tokens) != len(tasks):
         raise ValueError("complete_many() got the same row twice")
-    base = model._base_manager.using(using)
     pending = {t.pk: _pending(t) for t in tasks}
-    # Deferred result fields: plain values, checked by run_task when it deferred them.
-    results = {pk: f for pk, (f, _a) in pending.items()}
-    if (
-        for_alias(using).completes_from_arrays
-        and len({tuple(sorted(f)) for f in results.values()}) == 1  # the usual: one handler
-    ):
-
-        def write() -> int:
-            return complete_many_in_one(model, using, opts, tokens, results)
-    else:
-        values.update(_per_row_values(model, tasks, results, using))
-        target = (
-            base.filter(pk__in=list(tokens))
-            .filter(_tokens_match(model, using, tokens))
-            .filter(status_recheck(opts, "processing", using))
-        )
-
-        def write() -> int:
-            return target.update(**values)
-
+    write = _chunk_writer(model, using, opts, tasks, tokens, pending)
     hit = retry_transient(write, using, what=f"complete {len(tasks)} {opts.label}")
-    if hit == len(tasks):
-        won = tasks
-    else:
-        # Some claims were lost. Every write to a claimed row bumps its token, so a row
-        # this statement completed is exactly one that is now done at token + 1.
-        now = dict(
-            base.filter(pk__in=list(tokens))
-            .filter(opts.status_q("done"))
-            .values_list("pk", "version")
-        )
-        won = [t for t in tasks if now.get(t.pk) == t.version + 1]
+    won = tasks if hit == len(tasks) else _won(model, using, opts, tasks, tokens)
     won_pks = {t.pk for t in won}
     lost = [t for t in tasks if t.pk not in won_pks]
     for task in tasks:
@@ -213,6 +152,73 @@ def _complete_chunk(model: type[models.Model], using: str, tasks: list[Any]) -> 
             task.pk,
             task.version,
         )
+    _mark_done(model, opts, won, pending)
+    return lost
+
+
+def _chunk_writer(
+    model: type[models.Model],
+    using: str,
+    opts: ClaimOptions,
+    tasks: list[Any],
+    tokens: dict[Any, int],
+    pending: dict[Any, tuple[dict[str, Any], Callable[[], None] | None]],
+) -> Callable[[], int]:
+    """The chunk's one fenced UPDATE, as a function returning how many rows it wrote:
+    from per-row arrays where the vendor can and every task carries the same result
+    fields (the usual: one handler), else an ORM UPDATE with per-row ``CASE`` values."""
+    # Deferred result fields: plain values, checked by run_task when it deferred them.
+    results = {pk: f for pk, (f, _a) in pending.items()}
+    if (
+        for_alias(using).completes_from_arrays
+        and len({tuple(sorted(f)) for f in results.values()}) == 1
+    ):
+        return partial(complete_many_in_one, model, using, opts, tokens, results)
+    values: dict[str, Any] = {
+        opts.status_field: opts.value("done"),
+        "version": F("version") + 1,
+        "locked_until": None,
+    }
+    if opts.has("finished_at"):
+        values["finished_at"] = DbNow()
+    values.update(_per_row_values(model, tasks, results, using))
+    target = (
+        model._base_manager.using(using)
+        .filter(pk__in=list(tokens))
+        .filter(_tokens_match(model, using, tokens))
+        .filter(status_recheck(opts, "processing", using))
+    )
+    return partial(target.update, **values)
+
+
+def _won(
+    model: type[models.Model],
+    using: str,
+    opts: ClaimOptions,
+    tasks: list[Any],
+    tokens: dict[Any, int],
+) -> list[Any]:
+    """The tasks a chunk's write completed, when it wrote fewer rows than it had: every
+    write to a claimed row bumps its token, so a row this write completed is exactly one
+    that is now done at token + 1."""
+    now = dict(
+        model._base_manager.using(using)
+        .filter(pk__in=list(tokens))
+        .filter(opts.status_q("done"))
+        .values_list("pk", "version")
+    )
+    return [t for t in tasks if now.get(t.pk) == t.version + 1]
+
+
+def _mark_done(
+    model: type[models.Model],
+    opts: ClaimOptions,
+    won: list[Any],
+    pending: dict[Any, tuple[dict[str, Any], Callable[[], None] | None]],
+) -> None:
+    """Update the instances of the completed tasks as the write left their rows (a
+    database-side value is dropped: loaded on access), send ``task_completed`` for each
+    and call its deferred callback."""
     done_value = opts.value("done")
     has_finished_at = opts.has("finished_at")
     attnames: dict[str, str] = {}
@@ -234,7 +240,6 @@ def _complete_chunk(model: type[models.Model], using: str, tasks: list[Any]) -> 
         signals.task_completed.send(sender=model, task=task)
         if after is not None:
             after()
-    return lost
 
 
 def _per_row_values(
@@ -251,18 +256,20 @@ def _per_row_values(
     qn = connection.ops.quote_name
     table = qn(model._meta.db_table)
     pk_field = cast(models.Field, model._meta.pk)
-    pk_column = f"{table}.{qn(str(pk_field.column))}"
+    pk_column = ".".join((table, qn(str(pk_field.column))))
+    backend = for_connection(connection)
     out: dict[str, RawSQL] = {}
     for name in names:
         field = cast(models.Field, model._meta.get_field(name))
-        params: list[Any] = []
-        for task in tasks:
-            if name in fields[task.pk]:
-                params.append(pk_field.get_db_prep_value(task.pk, connection))
-                params.append(field.get_db_prep_save(fields[task.pk][name], connection))
-        branches = " ".join(["WHEN %s THEN %s"] * (len(params) // 2))
-        column = f"{table}.{qn(str(field.column))}"
-        out[name] = RawSQL(
-            f"CASE {pk_column} {branches} ELSE {column} END", params, output_field=field
-        )
+        branches = [
+            (
+                pk_field.get_db_prep_value(task.pk, connection),
+                field.get_db_prep_save(fields[task.pk][name], connection),
+            )
+            for task in tasks
+            if name in fields[task.pk]
+        ]
+        column = ".".join((table, qn(str(field.column))))
+        sql, params = backend.value_per_row(pk_column, column, branches)
+        out[name] = RawSQL(sql, params, output_field=field)
     return out

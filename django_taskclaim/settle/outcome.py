@@ -7,9 +7,7 @@ an attempt (:func:`attempt`, :func:`settle`, :func:`run_task`) and the cancellat
 flag a body reads (:func:`cancel_requested`). The single-row transitions
 (:func:`complete`, :func:`fail`, :func:`retry`, :func:`release`, :func:`extend_lease`,
 :func:`fenced`) and :class:`Outcome` are in :mod:`django_taskclaim.settle.transitions`, the
-batched completions in :mod:`django_taskclaim.settle.batch`; :func:`complete_many`,
-:class:`BatchableResult`, :data:`PENDING_ATTR` and the transitions are importable from
-here as well.
+batched completions in :mod:`django_taskclaim.settle.batch` (import them from there).
 """
 
 from __future__ import annotations
@@ -28,16 +26,9 @@ from django.db.models.expressions import Combinable
 from django_taskclaim.config.options import get_options
 from django_taskclaim.exceptions import ClaimLost, ConfigurationError, Fail, Retry
 from django_taskclaim.model.claimable import Claimable, model_of
-from django_taskclaim.settle.batch import COMPLETE_MANY_CHUNK as COMPLETE_MANY_CHUNK
-from django_taskclaim.settle.batch import PENDING_ATTR, BatchableResult, _check_fields
-from django_taskclaim.settle.batch import complete_many as complete_many
+from django_taskclaim.settle.batch import PENDING_ATTR, BatchableResult
 from django_taskclaim.settle.transitions import Outcome, complete, fail, fenced, retry
-from django_taskclaim.settle.transitions import complete_pending as complete_pending
-from django_taskclaim.settle.transitions import extend_lease as extend_lease
-from django_taskclaim.settle.transitions import release as release
-from django_taskclaim.settle.writes import MAX_ERROR_CHARS as MAX_ERROR_CHARS
-from django_taskclaim.settle.writes import _db
-from django_taskclaim.settle.writes import format_error as format_error
+from django_taskclaim.settle.writes import _db, check_fields
 
 logger = logging.getLogger("django_taskclaim.settle.outcome")
 
@@ -54,7 +45,7 @@ def _run_atomic(task: Claimable, handler: Callable[[Any], Any]) -> Any:
             result = handler(task)
         if opts.state_of(getattr(task, opts.status_field)) == "processing":
             fields = dict(result) if isinstance(result, Mapping) else {}
-            _check_fields(opts, task, fields)
+            check_fields(opts, task, fields)
             complete(task, **fields)
     return result
 
@@ -140,7 +131,7 @@ def settle(
             isinstance(v, Combinable | models.Expression) for v in fields.values()
         )
         try:
-            _check_fields(opts, task, fields)
+            check_fields(opts, task, fields)
         except ValueError as exc:  # the body returned fields the model cannot store
             error = exc
         else:

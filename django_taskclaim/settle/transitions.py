@@ -3,7 +3,8 @@
 Every write here is an ``UPDATE … WHERE pk = %s AND version = <claimed token> AND
 status = processing``: a worker that lost its claim writes nothing and gets
 :class:`~django_taskclaim.exceptions.ClaimLost`. :func:`complete`, :func:`fail`,
-:func:`retry`, :func:`release` and :func:`extend_lease` are the transitions;
+:func:`retry`, :func:`release`, :func:`give_back` (the worker's, many unstarted rows at
+once) and :func:`extend_lease` are the transitions;
 :func:`fenced` is a transaction that re-checks and locks the claim first;
 :class:`Outcome` names what became of one attempt. The public names here are importable
 from :mod:`django_taskclaim.settle.outcome`, which also runs the attempts.
@@ -20,24 +21,21 @@ from enum import StrEnum
 from typing import Any
 
 from django.db import DatabaseError, models, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.db.models.expressions import Combinable
 
 from django_taskclaim import signals
-from django_taskclaim.claim import status_recheck, validate_lease
+from django_taskclaim.claim import validate_lease
 from django_taskclaim.config import bounds
-from django_taskclaim.config.options import (
-    CLAIM_STATE_FIELDS,
-    SLOT_FIELD,
-    ClaimOptions,
-    get_options,
-)
+from django_taskclaim.config.claim_meta import CLAIM_STATE_FIELDS, SLOT_FIELD
+from django_taskclaim.config.options import ClaimOptions, get_options
 from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.db import DbNow, in_user_atomic, is_transient, retry_transient
 from django_taskclaim.exceptions import ClaimLost
 from django_taskclaim.model.claimable import Claimable, model_of
-from django_taskclaim.settle.batch import PENDING_ATTR, _check_fields, _pending
-from django_taskclaim.settle.writes import _db, format_error
+from django_taskclaim.rules import status_recheck
+from django_taskclaim.settle.batch import PENDING_ATTR, _pending
+from django_taskclaim.settle.writes import _db, check_fields, format_error
 
 #: The lifecycle's logger: a lost claim is logged under one name, whichever write lost it.
 logger = logging.getLogger("django_taskclaim.settle.outcome")
@@ -71,6 +69,22 @@ class Outcome(StrEnum):
     UNKNOWN = "unknown"
 
 
+def _held(
+    model: type[models.Model], opts: ClaimOptions, using: str, tasks: list[Any]
+) -> models.QuerySet:
+    """The rows of ``tasks`` still held under the claim tokens their instances carry: the
+    fence of every write here (``pk`` and token match, ``status = processing`` re-checked
+    with :func:`~django_taskclaim.claim.status_recheck`)."""
+    tokens = Q()
+    for task in tasks:
+        tokens |= Q(pk=task.pk, version=task.version)
+    return (
+        model._base_manager.using(using)
+        .filter(tokens)
+        .filter(status_recheck(opts, "processing", using))
+    )
+
+
 def _fenced_update(
     task: Claimable, to_state: str, updates: dict[str, Any], *, bump: bool = True
 ) -> None:
@@ -81,12 +95,7 @@ def _fenced_update(
         values[opts.status_field] = opts.value(to_state)
     if bump:
         values["version"] = F("version") + 1
-    qs = (
-        model_of(task)
-        ._base_manager.using(using)
-        .filter(pk=task.pk, version=task.version)
-        .filter(status_recheck(opts, "processing", using))
-    )
+    qs = _held(model_of(task), opts, using, [task])
     hit = retry_transient(
         lambda: qs.update(**values), using, what=f"{to_state or 'lease'} {opts.label}"
     )
@@ -121,7 +130,7 @@ def complete(task: Claimable, **fields: Any) -> None:
     holder, attempts, ``finished_at``, ``last_error``) are refused with ``ValueError``
     before anything is written."""
     opts = get_options(task)
-    _check_fields(opts, task, fields)
+    check_fields(opts, task, fields)
     updates: dict[str, Any] = {"locked_until": None, **fields}
     if opts.has("finished_at"):
         updates["finished_at"] = DbNow()
@@ -149,7 +158,7 @@ _complete_task = complete
 def fail(task: Claimable, error: BaseException | str = "", **fields: Any) -> None:
     """``processing`` → ``failed`` (dead letter), recording ``error``."""
     opts = get_options(task)
-    _check_fields(opts, task, fields)
+    check_fields(opts, task, fields)
     updates: dict[str, Any] = {"locked_until": None, **fields}
     if opts.has("finished_at"):
         updates["finished_at"] = DbNow()
@@ -173,7 +182,7 @@ def retry(
 ) -> Outcome:
     """``processing`` → ``ready`` after ``delay`` (or ``failed`` once attempts run out)."""
     opts = get_options(task)
-    _check_fields(opts, task, fields)
+    check_fields(opts, task, fields)
     seconds: float | None = None
     if delay is not None:
         seconds = bounds.number(
@@ -205,6 +214,24 @@ def retry(
 def release(task: Claimable) -> None:
     """``processing`` → ``ready`` at once; the attempt is not counted."""
     _fenced_update(task, "ready", {"locked_until": None, "attempts": F("attempts") - 1})
+
+
+def give_back(model: type[models.Model], tasks: list[Any], using: str) -> int:
+    """``processing`` → ``ready`` at once for claimed-but-unstarted rows of ``model``, in
+    one fenced UPDATE: the attempt is not counted, the token moves on, and ``locked_until``
+    is left as it is (a row recovered from a lost holder stays marked recovered). A row
+    this claim no longer holds is left as it is; returns how many were given back.
+    Database errors are the caller's (the worker logs them: the leases will expire)."""
+    opts = get_options(model)
+    return int(
+        _held(model, opts, using, tasks).update(
+            **{
+                opts.status_field: opts.value("ready"),
+                "version": F("version") + 1,
+                "attempts": F("attempts") - 1,
+            }
+        )
+    )
 
 
 def extend_lease(task: Claimable, seconds: float | timedelta | None = None) -> None:
@@ -277,13 +304,7 @@ def _lock_claim(task: Claimable, opts: ClaimOptions, using: str) -> transaction.
     try:
         # A no-op UPDATE both re-checks the token and takes the row's write lock
         # (on SQLite, the database write lock) until this transaction ends.
-        hit = (
-            model_of(task)
-            ._base_manager.using(using)
-            .filter(pk=task.pk, version=task.version)
-            .filter(status_recheck(opts, "processing", using))
-            .update(locked_until=F("locked_until"))
-        )
+        hit = _held(model_of(task), opts, using, [task]).update(locked_until=F("locked_until"))
         if hit != 1:
             raise ClaimLost(
                 f"{opts.label} pk={task.pk}: claim token {task.version} is no longer "

@@ -1,7 +1,7 @@
 """What a lifecycle write carries, shared by the single-row and the batched writes.
 
 The database a claimed instance is written to (:func:`_db`), the check of the result
-fields a caller asks to save with a transition (:func:`_check_fields`), and the text
+fields a caller asks to save with a transition (:func:`check_fields`), and the text
 stored in ``last_error`` (:func:`format_error`). Used by
 :mod:`django_taskclaim.settle.outcome` (which re-exports :func:`format_error` and
 :data:`MAX_ERROR_CHARS`) and :mod:`django_taskclaim.settle.batch`.
@@ -13,9 +13,11 @@ import traceback
 from collections.abc import Mapping
 from typing import Any
 
+from django.core.exceptions import FieldDoesNotExist
 from django.db import router
 
-from django_taskclaim.config.options import CLAIM_STATE_FIELDS, ClaimOptions
+from django_taskclaim.config.claim_meta import CLAIM_STATE_FIELDS, SLOT_FIELD
+from django_taskclaim.config.options import ClaimOptions
 from django_taskclaim.model.claimable import Claimable, model_of
 
 MAX_ERROR_CHARS = 10_000
@@ -51,12 +53,29 @@ def _db(task: Claimable) -> str:
     return task._state.db or router.db_for_write(model_of(task), instance=task)
 
 
-def _check_fields(opts: ClaimOptions, task: Claimable, fields: Mapping[str, Any]) -> None:
-    protected = CLAIM_STATE_FIELDS | {opts.status_field}
+def check_fields(opts: ClaimOptions, task: Any, fields: Mapping[str, Any]) -> None:
+    """Refuse, before anything is written, result fields a transition may not write: the
+    primary key (``pk``, its name or column attribute, any primary-key field: the fenced
+    UPDATE would move the row), the claim bookkeeping (status, token, lease, holder,
+    attempts, ``finished_at``, ``last_error``, the concurrency slot: the transitions set
+    them) and names the model does not have. ``ValueError`` naming the field."""
+    meta = task._meta
+    pk = meta.pk
+    keys = {"pk", pk.name, pk.attname} if pk is not None else {"pk"}
+    bookkeeping = CLAIM_STATE_FIELDS | {opts.status_field, SLOT_FIELD}
     for name in fields:
-        if name in protected:
-            raise ValueError(f"{name!r} is claim bookkeeping; the lifecycle methods set it")
         try:
-            task._meta.get_field(name)
-        except Exception:
-            raise ValueError(f"{opts.label} has no field {name!r}") from None
+            field = meta.get_field(name)
+        except FieldDoesNotExist:
+            field = None
+        if name in keys or getattr(field, "primary_key", False):
+            raise ValueError(
+                f"{name!r} is the primary key of {opts.label}: result fields cannot "
+                "change which row a task is; nothing was written"
+            )
+        if field is not None and field.name in bookkeeping:
+            raise ValueError(f"{name!r} is claim bookkeeping; the lifecycle methods set it")
+        if name in CLAIM_STATE_FIELDS or name == opts.status_field:
+            raise ValueError(f"{name!r} is claim bookkeeping; the lifecycle methods set it")
+        if field is None:
+            raise ValueError(f"{opts.label} has no field {name!r}")

@@ -39,7 +39,8 @@ from django.apps import apps
 from django.db import DatabaseError, connections, models, router, transaction
 
 from django_taskclaim.backends import for_connection
-from django_taskclaim.config.options import get_options, is_claimable
+from django_taskclaim.config.discovery import is_claimable
+from django_taskclaim.config.options import get_options
 from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.exceptions import TaskClaimError
 
@@ -57,7 +58,7 @@ _SET_ASIDE: dict[str, dict[str, str]] = {}
 def trigger_models(using: str) -> list[type[models.Model]]:
     """The claimable models whose table lives on ``using`` (per the routers), concrete
     and managed: the tables :func:`sync_notify_triggers` looks at. Not
-    :func:`~django_taskclaim.config.options.claimable_models`: a model of an app that opts out
+    :func:`~django_taskclaim.config.discovery.claimable_models`: a model of an app that opts out
     of discovery (``taskclaim_discover = False``) may still ask for its trigger."""
     found = []
     for model in apps.get_models():

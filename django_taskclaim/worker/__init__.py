@@ -13,15 +13,19 @@ for the diagram and the life of a task through them):
 - :mod:`.bodies` — how a body is called (``async def``, a ``cancel`` parameter);
 - :mod:`.aio` — the one event loop of the process, for ``async def`` bodies;
 - :mod:`.acks` — completions written together in one fenced UPDATE;
-- :mod:`.heartbeat` — lease extension of every held row (a lost one's body is told:
-  ``task.cancel_requested()``), due acks, the registry;
-- :mod:`.registry` — the :class:`~django_taskclaim.models.WorkerProcess` row (display only);
-- :mod:`.reaping` — periodic recovery of expired leases;
+- :mod:`.service` — one base for the background threads (start/stop, waits a stop ends,
+  the outage loop and its one backoff rule, ``one_line``) and the one outage tracker;
+- :mod:`.maintenance` — the background threads: heartbeat (lease extension of every held
+  row; a lost one's body is told: ``task.cancel_requested()``; the registry), registry
+  (the :class:`~django_taskclaim.models.WorkerProcess` row, display only), reaping
+  (periodic recovery of expired leases), scheduler (``@periodic`` slots), listener
+  (``LISTEN`` wake-ups);
 - :mod:`.scope` — the rows served (``--queue``), what is left of them, the wake-up mode;
 - :mod:`.handback` — rows given back: unstarted ones at once, running ones after grace;
 - :mod:`.process` — :class:`Worker`: the wiring, the main loop, signals and grace;
 - :mod:`.supervisor` — ``--processes N``: forks, restarts, releases a dead child's rows;
-- :mod:`.dbconn` — connection trouble, backoff, waiting for the database;
+- :mod:`.preflight` — waiting for the database and checking its schema before a start;
+- :mod:`.dbconn` — connection trouble, backoff, the waits a reconnect ends;
 - :mod:`.exits` — exit codes.
 
 ``manage.py taskclaim_worker`` only parses its options into :meth:`WorkerConfig.build`.
@@ -41,8 +45,8 @@ from django_taskclaim.worker.exits import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
+from django_taskclaim.worker.maintenance.registry import silent_after, silent_workers
 from django_taskclaim.worker.process import Worker
-from django_taskclaim.worker.registry import silent_after, silent_workers
 
 __all__ = [
     "EXIT_BROKEN",

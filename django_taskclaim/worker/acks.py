@@ -26,11 +26,12 @@ from django.db import DatabaseError
 
 from django_taskclaim.exceptions import ClaimLost
 from django_taskclaim.model.claimable import Claimable
-from django_taskclaim.settle.outcome import complete_many, complete_pending
-from django_taskclaim.settle.transitions import Outcome, fail
+from django_taskclaim.settle.batch import complete_many
+from django_taskclaim.settle.transitions import Outcome, complete_pending, fail
 from django_taskclaim.settle.writes import storable_text
-from django_taskclaim.worker.dbconn import backoff, close, connection_trouble, one_line
+from django_taskclaim.worker.dbconn import backoff, close, connection_trouble
 from django_taskclaim.worker.ledger import Ledger
+from django_taskclaim.worker.service import Service, one_line
 
 logger = logging.getLogger("django_taskclaim.worker")
 
@@ -53,7 +54,7 @@ class Acks:
         self.halt = halt
         #: Set when a new buffer starts: the ack writer then has a new deadline to keep.
         self.new_deadline = threading.Event()
-        self._writer: threading.Thread | None = None
+        self._writer: AckWriter | None = None
         self._writer_lock = threading.Lock()
 
     def defer(self, task: Claimable) -> None:
@@ -68,40 +69,8 @@ class Acks:
             return
         with self._writer_lock:
             if self._writer is None:
-                self._writer = threading.Thread(
-                    target=self._write_when_due, name="taskclaim-acks", daemon=True
-                )
+                self._writer = AckWriter(self)
                 self._writer.start()
-
-    def _write_when_due(self) -> None:
-        """The ack writer: writes the buffer once its oldest completion has waited
-        ``window`` (executors and the claimer also write it as they pass by). Its own
-        thread and connection: a completion waiting on a row lock delays nothing else."""
-        try:
-            while not self.halt.is_set():
-                due = self.ledger.acks_due_at(self.window)
-                wait = 3600.0 if due is None else max(0.0, due - time.monotonic())
-                self.new_deadline.wait(wait)
-                self.new_deadline.clear()
-                if self.halt.is_set():
-                    break
-                try:
-                    self.flush(due_only=True)
-                except Exception as exc:  # never dies: the next deadline tries again
-                    logger.error(
-                        "ack writer error worker=%s error=%s",
-                        self.worker_id,
-                        storable_text(one_line(exc)),
-                        exc_info=exc,
-                    )
-                    close(self.using)
-                    self.halt.wait(1.0)
-        finally:
-            close(self.using)
-
-    def stop(self) -> None:
-        """Wake the ack writer so that it sees the halt (the owner flushes what is left)."""
-        self.new_deadline.set()
 
     @property
     def enabled(self) -> bool:
@@ -194,6 +163,39 @@ class Acks:
                 else:
                     fail_unstorable(task, exc, worker_id=self.worker_id)
         return left
+
+
+class AckWriter(Service):
+    """The ack writer: writes the buffer once its oldest completion has waited
+    ``window`` (executors and the claimer also write it as they pass by). Its own thread
+    and connection: a completion waiting on a row lock delays nothing else. Started with
+    the first buffered completion; stopped with the worker's other threads (``halt``)."""
+
+    def __init__(self, acks: Acks) -> None:
+        super().__init__(
+            "taskclaim-acks", worker_id=acks.worker_id, using=acks.using, halt=acks.halt
+        )
+        self.acks = acks
+
+    def loop(self) -> None:
+        acks = self.acks
+        while not self.stopped:
+            due = acks.ledger.acks_due_at(acks.window)
+            acks.new_deadline.wait(3600.0 if due is None else max(0.0, due - time.monotonic()))
+            acks.new_deadline.clear()
+            if self.stopped:
+                break
+            try:
+                acks.flush(due_only=True)
+            except Exception as exc:  # never dies: the next deadline tries again
+                logger.error(
+                    "ack writer error worker=%s error=%s",
+                    self.worker_id,
+                    storable_text(one_line(exc)),
+                    exc_info=exc,
+                )
+                self.close_connections()
+                self.wait(1.0)
 
 
 def fail_unstorable(task: Claimable, exc: BaseException, *, worker_id: str) -> Outcome:

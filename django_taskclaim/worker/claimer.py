@@ -27,14 +27,16 @@ from collections.abc import Callable
 from typing import Any
 
 from django.db import DatabaseError, connections
-from django.db.models import F, Model, Q
+from django.db.models import Model
 
-from django_taskclaim.claim import was_recovered
+from django_taskclaim.claim.base import was_recovered
 from django_taskclaim.config.options import get_options
+from django_taskclaim.settle.transitions import give_back
 from django_taskclaim.worker.acks import Acks
 from django_taskclaim.worker.config import WorkerConfig
-from django_taskclaim.worker.dbconn import backoff, close, drop_stale, one_line, pause
+from django_taskclaim.worker.dbconn import backoff, close, drop_stale, pause
 from django_taskclaim.worker.ledger import SHARES_ATTR, Ledger, runs_alone
+from django_taskclaim.worker.service import Outage, one_line
 
 logger = logging.getLogger("django_taskclaim.worker")
 
@@ -51,6 +53,7 @@ class Claimer(threading.Thread):
         work_left: Callable[[], bool],
         release: Callable[[list[Any]], int],
         stopping: threading.Event,
+        outage: Outage,
     ) -> None:
         super().__init__(name="taskclaim-claimer", daemon=True)
         self.config = config
@@ -61,6 +64,8 @@ class Claimer(threading.Thread):
         self.work_left = work_left
         self.release = release
         self.stopping = stopping
+        #: The run of failed claims (the worker reports it, and with --burst gives up).
+        self.outage = outage
         self.wake = threading.Event()  # a notification: rows may be ready
         self.claims = 0  # claim statements made (for tests and stats)
         # Set by a claim that returned a row to run alone: claim one row at a time until
@@ -84,7 +89,6 @@ class Claimer(threading.Thread):
         models = list(self.config.models)
         random.shuffle(models)  # processes start on different models
         turn = 0
-        failures = 0
         poll = self.config.poll
         while not self.stopping.is_set():
             room = self.ledger.wait_for_room(poll)
@@ -106,10 +110,10 @@ class Claimer(threading.Thread):
                 turn += 1
             except DatabaseError as exc:
                 self.ledger.unreserve(want)
-                failures += 1
+                first = self.outage.failed(exc)
                 close(self.config.using)
-                delay = backoff(failures, self.config.using)
-                log = logger.warning if failures == 1 else logger.debug
+                delay = self.outage.delay()
+                log = logger.warning if first else logger.debug
                 log(
                     "database error during claim worker=%s error=%s retry_in=%.1fs",
                     self.worker_id,
@@ -119,9 +123,8 @@ class Claimer(threading.Thread):
                 # Cut short by a notification, a stop, or any thread reconnecting.
                 pause(delay, self.wake, self.config.using)
                 continue
-            if failures:
+            if self.outage.ok():
                 logger.info("database reachable again worker=%s", self.worker_id)
-                failures = 0
             self.ledger.unreserve(want - len(rows))
             if rows:
                 rows = self._one_recovered(rows)
@@ -144,7 +147,8 @@ class Claimer(threading.Thread):
                         self.worker_id,
                         one_line(exc),
                     )
-                    pause(backoff(failures + 1, self.config.using), self.wake, self.config.using)
+                    delay = backoff(self.outage.failures + 1, self.config.using)
+                    pause(delay, self.wake, self.config.using)
                     continue
                 if not more:
                     self._finish()
@@ -198,23 +202,8 @@ class Claimer(threading.Thread):
         for task in tasks:
             by_model.setdefault(type(task), []).append(task)
         for model, rows in by_model.items():
-            opts = get_options(model)
-            tokens = Q()
-            for task in rows:
-                tokens |= Q(pk=task.pk, version=task.version)
             try:
-                hit = (
-                    model._base_manager.using(rows[0]._state.db or self.config.using)
-                    .filter(tokens)
-                    .filter(opts.status_q("processing"))
-                    .update(
-                        **{
-                            opts.status_field: opts.value("ready"),
-                            "version": F("version") + 1,
-                            "attempts": F("attempts") - 1,
-                        }
-                    )
-                )
+                hit = give_back(model, rows, rows[0]._state.db or self.config.using)
             except DatabaseError as exc:
                 close(self.config.using)
                 logger.warning(

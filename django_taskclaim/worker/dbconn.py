@@ -1,4 +1,4 @@
-"""Connection handling shared by the worker's threads.
+"""Connection handling shared by the worker's threads: the process-wide side of an outage.
 
 Each thread has its own connection per database alias (Django's connections are
 thread-local). A broken connection is closed and replaced on the next query, after a
@@ -13,6 +13,10 @@ short while an outage is short and grow only with a long one (:func:`backoff`). 
 connection that may have died unnoticed — opened before an outage another thread saw, or
 one whose server hung up while it sat idle — is replaced before its next use
 (:func:`drop_stale`), without a round trip.
+
+Each loop's own run of failures (how many, since when, what it logs) is an
+:class:`~django_taskclaim.worker.service.Outage`, and its retry waits go through
+:class:`~django_taskclaim.worker.service.Service` — both built on this module.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import threading
 import time
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from django.db import InterfaceError, OperationalError, connections
 from django.db.backends.signals import connection_created
 
 logger = logging.getLogger("django_taskclaim.worker")
@@ -50,12 +54,6 @@ _mine = threading.local()  # per thread: alias -> its connection, once it connec
 def connection_trouble(exc: BaseException) -> bool:
     """Whether ``exc`` means the connection (not the statement) failed: worth a retry."""
     return isinstance(exc, OperationalError | InterfaceError)
-
-
-def one_line(exc: BaseException) -> str:
-    """``Type: first line of the message``, for log lines."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}".strip()
 
 
 def trouble(using: str) -> None:
@@ -198,31 +196,3 @@ def drop_stale() -> int:
             dropped += 1
             logger.debug("stale connection replaced database=%s", conn.alias)
     return dropped
-
-
-def wait_for_database(
-    using: str, stopping: threading.Event, wake: threading.Event, worker_id: str
-) -> bool:
-    """Connect (retrying with backoff during an outage, one warning per outage); False
-    if ``stopping`` is set meanwhile. ``wake`` cuts a backoff short, and is set when
-    another thread of the process reaches the database."""
-    failures = 0
-    while not stopping.is_set():
-        try:
-            connections[using].ensure_connection()
-            if failures:
-                logger.info("database reachable worker=%s", worker_id)
-            return True
-        except DatabaseError as exc:
-            failures += 1
-            close(using)
-            delay = backoff(failures, using)
-            log = logger.warning if failures == 1 else logger.debug
-            log(
-                "database unreachable worker=%s error=%s retry_in=%.1fs",
-                worker_id,
-                one_line(exc),
-                delay,
-            )
-            pause(delay, wake, using)
-    return False

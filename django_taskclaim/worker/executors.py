@@ -28,23 +28,17 @@ from django.db import DatabaseError, connections
 from django_taskclaim.config.options import get_options
 from django_taskclaim.exceptions import ClaimLost, Retry
 from django_taskclaim.model.claimable import Claimable, model_of
-from django_taskclaim.settle.outcome import (
-    Attempt,
-    Outcome,
-    TaskAborted,
-    attempt,
-    cancel_flag,
-    settle,
-)
-from django_taskclaim.settle.transitions import RETRY_IN_ATTR
+from django_taskclaim.settle.outcome import Attempt, TaskAborted, attempt, cancel_flag, settle
+from django_taskclaim.settle.transitions import RETRY_IN_ATTR, Outcome
 from django_taskclaim.settle.writes import storable_text
 from django_taskclaim.worker.acks import Acks, fail_unstorable
 from django_taskclaim.worker.aio import EventLoop
 from django_taskclaim.worker.bodies import Body
 from django_taskclaim.worker.config import WorkerConfig
-from django_taskclaim.worker.dbconn import backoff, close, connection_trouble, drop_stale, one_line
+from django_taskclaim.worker.dbconn import backoff, close, connection_trouble, drop_stale
 from django_taskclaim.worker.exits import CRASH_WINDOW, MAX_CRASHES
 from django_taskclaim.worker.ledger import Ledger, runs_alone
+from django_taskclaim.worker.service import one_line
 
 logger = logging.getLogger("django_taskclaim.worker")
 

@@ -1,4 +1,4 @@
-"""Exit codes of ``manage.py taskclaim_worker`` (and of each supervised process)."""
+"""Exit codes of ``manage.py worker`` (and of each supervised process)."""
 
 from __future__ import annotations
 

@@ -14,8 +14,9 @@ from django.db.models import Model
 
 from django_taskclaim.exceptions import ClaimLost
 from django_taskclaim.wakeup.notify import notify
-from django_taskclaim.worker.dbconn import close, one_line
+from django_taskclaim.worker.dbconn import close
 from django_taskclaim.worker.ledger import Ledger
+from django_taskclaim.worker.service import one_line
 
 logger = logging.getLogger("django_taskclaim.worker")
 

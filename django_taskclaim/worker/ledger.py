@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from django_taskclaim.claim import was_recovered
+from django_taskclaim.claim.base import was_recovered
 from django_taskclaim.model.claimable import Claimable
 
 #: Set by the claimer on a recovered row that may run beside other rows (a crash of its

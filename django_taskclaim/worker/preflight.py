@@ -9,17 +9,19 @@ database that keeps failing.
 - :func:`wait_for_database`: connect and check the schema, retrying a database error
   with backoff. A worker retries for as long as it takes (the database may be starting);
   with ``--burst`` it gives up after :data:`BURST_WAIT` seconds
-  (:class:`DatabaseUnavailableError`).
-- :class:`Outage`: a run of database failures, reported at once and then every
-  :data:`WARN_EVERY` seconds while it lasts, and bounded for ``--burst``.
+  (:class:`DatabaseUnavailableError`). Its failures are an
+  :class:`~django_taskclaim.worker.service.Outage` (the worker's one outage tracker):
+  reported at once and then every :data:`~django_taskclaim.worker.service.WARN_EVERY`
+  seconds while it lasts.
+- :func:`refusal`: both, for :class:`~django_taskclaim.worker.process.Worker`: the exit
+  code of a worker that must not start, its reason logged in one line.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from django.apps import apps
@@ -28,12 +30,12 @@ from django.db.models import Model
 
 from django_taskclaim.backends import for_alias
 from django_taskclaim.exceptions import TaskClaimError
-from django_taskclaim.worker.dbconn import backoff, close, one_line
+from django_taskclaim.worker.dbconn import close
+from django_taskclaim.worker.exits import EXIT_CONFIG, EXIT_OK, EXIT_UNAVAILABLE
+from django_taskclaim.worker.service import Outage
 
 logger = logging.getLogger("django_taskclaim.worker")
 
-#: Seconds between two warnings about the same outage (the first failure warns at once).
-WARN_EVERY = 30.0
 #: Seconds a ``--burst`` worker retries a database that fails (unreachable at start, or
 #: every claim failing) before it exits with
 #: :data:`~django_taskclaim.worker.exits.EXIT_UNAVAILABLE`.
@@ -135,106 +137,6 @@ def describe_problems(problems: list[str], using: str) -> str:
     )
 
 
-class Outage:
-    """A run of failures of one kind of database work (``what``), for one worker.
-
-    :meth:`failed` logs a warning at the first failure and then one every
-    :data:`WARN_EVERY` seconds while failures go on (the ones between at debug level);
-    :meth:`ok` ends the run (logged when one was under way). Thread-safe.
-    ``give_up_after`` (seconds) makes :meth:`exhausted` true once the run has lasted
-    that long. ``warn_first=False`` leaves the first warning to the caller's own log.
-    """
-
-    def __init__(
-        self,
-        what: str,
-        worker_id: str,
-        *,
-        give_up_after: float | None = None,
-        warn_first: bool = True,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.what = what
-        self.worker_id = worker_id
-        self.give_up_after = give_up_after
-        self.warn_first = warn_first
-        self.clock = clock
-        self.failures = 0
-        self.last_error = ""
-        self._lock = threading.Lock()
-        self._since: float | None = None
-        self._warned: float | None = None
-
-    def failed(self, exc: BaseException) -> None:
-        """One more failure (``exc``): warn if it is the first or the last warning is
-        :data:`WARN_EVERY` seconds old."""
-        now = self.clock()
-        with self._lock:
-            self.failures += 1
-            self.last_error = one_line(exc)
-            if self._since is None:
-                self._since = now
-            first = self._warned is None
-            due = first or now - (self._warned or now) >= WARN_EVERY
-            if due:
-                self._warned = now
-            lasted = now - self._since
-        if due and (self.warn_first or not first):
-            logger.warning(
-                "database still failing: %s worker=%s for=%.0fs failures=%s error=%s (retrying)"
-                if not first
-                else "database error: %s worker=%s for=%.0fs failures=%s error=%s (retrying)",
-                self.what,
-                self.worker_id,
-                lasted,
-                self.failures,
-                self.last_error,
-            )
-        else:
-            logger.debug(
-                "database error: %s worker=%s failures=%s error=%s",
-                self.what,
-                self.worker_id,
-                self.failures,
-                self.last_error,
-            )
-
-    def ok(self) -> None:
-        """The work succeeded: the outage, if any, is over."""
-        with self._lock:
-            since, self._since, self._warned = self._since, None, None
-            failures, self.failures = self.failures, 0
-        if since is not None and self.warn_first:
-            logger.info(
-                "database reachable again: %s worker=%s after=%.0fs failures=%s",
-                self.what,
-                self.worker_id,
-                self.clock() - since,
-                failures,
-            )
-
-    def lasted(self) -> float:
-        """Seconds since the first failure of the current run (0 when none)."""
-        with self._lock:
-            return 0.0 if self._since is None else self.clock() - self._since
-
-    def exhausted(self) -> bool:
-        """Whether the run has lasted ``give_up_after`` seconds."""
-        return (
-            self.give_up_after is not None
-            and self.failures > 0
-            and (self.lasted() >= self.give_up_after)
-        )
-
-    def give_up_line(self, using: str) -> str:
-        """The one line of a worker that gives up on its database."""
-        return (
-            f"database {using!r} failing for {self.give_up_after or 0:g}s ({self.what}: "
-            f"{self.last_error}), giving up (--burst): check DATABASES[{using!r}] and that "
-            "the server accepts connections"
-        )
-
-
 def wait_for_database(
     models: Iterable[type[Model]],
     using: str,
@@ -250,7 +152,12 @@ def wait_for_database(
     ``burst``, raise :class:`DatabaseUnavailableError` once the failures have lasted
     :data:`BURST_WAIT` seconds."""
     models = list(models)
-    outage = Outage(f"connect to {using!r}", worker_id, give_up_after=BURST_WAIT if burst else None)
+    outage = Outage(
+        f"connect to {using!r}",
+        worker_id,
+        using=using,
+        give_up_after=BURST_WAIT if burst else None,
+    )
     while not stopping.is_set():
         try:
             connections[using].ensure_connection()
@@ -262,7 +169,7 @@ def wait_for_database(
             outage.failed(exc)
             if outage.exhausted():
                 raise DatabaseUnavailableError(outage.give_up_line(using)) from None
-            delay = backoff(outage.failures)
+            delay = outage.delay()
             if outage.give_up_after is not None:
                 delay = max(0.0, min(delay, outage.give_up_after - outage.lasted()))
             wake.wait(delay)
@@ -270,6 +177,37 @@ def wait_for_database(
             continue
         outage.ok()
         return problems
+    return None
+
+
+def refusal(
+    models: Iterable[type[Model]],
+    using: str,
+    *,
+    stopping: threading.Event,
+    wake: threading.Event,
+    worker_id: str,
+    burst: bool,
+) -> int | None:
+    """Before a worker starts: :func:`wait_for_database` and check the schema. The exit
+    code of a worker that must not start, its reason logged in one line (``EXIT_OK``:
+    stopped while waiting), else ``None``."""
+    try:
+        problems = wait_for_database(
+            models, using, stopping=stopping, wake=wake, worker_id=worker_id, burst=burst
+        )
+    except DatabaseUnavailableError as exc:
+        logger.error("%s worker=%s", exc, worker_id)
+        return EXIT_UNAVAILABLE
+    except DatabaseMissingError as exc:
+        logger.error("%s worker=%s", exc, worker_id)
+        return EXIT_CONFIG
+    if problems is None:
+        return EXIT_OK
+    if problems:
+        logger.error("%s worker=%s", describe_problems(problems, using), worker_id)
+        connections.close_all()
+        return EXIT_CONFIG
     return None
 
 

@@ -2,8 +2,8 @@
 
     claimer ──rows──▶ ledger ──take──▶ executors ──settle──▶ acks ──UPDATE──▶ database
                         ▲                                      ▲
-               heartbeat (extends every held lease, writes due acks, registry)
-               reaping (periodic recovery of expired leases), listener (LISTEN wakeups)
+      services (:mod:`.maintenance`, one :class:`~.service.Service` base): heartbeat
+      (every held lease, the registry), reaping, scheduler, listener (LISTEN wake-ups)
 
 Shutdown: the first SIGTERM/SIGINT stops claiming and starting, releases the claimed
 but unstarted rows at once (attempt not counted) and lets running tasks finish within
@@ -12,12 +12,11 @@ but unstarted rows at once (attempt not counted) and lets running tasks finish w
 (:data:`~.exits.EXIT_GRACE_EXPIRED`); the second signal exits at once
 (:data:`~.exits.EXIT_FORCED`; leases recover the rest).
 
-Start: the worker waits for its database and checks its schema first
-(:mod:`.preflight`): a table or column missing ends it with one line naming
-``migrate`` (:data:`~.exits.EXIT_CONFIG`). A database that fails is retried, reported
-at once and then every :data:`~.preflight.WARN_EVERY` seconds; a ``--burst`` worker
-gives up after :data:`~.preflight.BURST_WAIT` seconds, at start or when every claim
-fails (:data:`~.exits.EXIT_UNAVAILABLE`).
+Start: the worker waits for its database and checks its schema (:mod:`.preflight`;
+a missing table or column: one line naming ``migrate``, :data:`~.exits.EXIT_CONFIG`).
+A failing database is retried, reported as an :class:`~.service.Outage`; a ``--burst``
+worker gives up after :data:`~.preflight.BURST_WAIT` seconds, at start or when every
+claim fails (:data:`~.exits.EXIT_UNAVAILABLE`).
 
 A supervised process (``parent`` given) never outlives its supervisor: when the
 supervisor is gone (``SIGHUP`` from ``PR_SET_PDEATHSIG`` on Linux, and a parent-pid
@@ -36,39 +35,32 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import connections
 from django.db.models import Model
 
-from django_taskclaim.claim import was_recovered
+from django_taskclaim.claim.base import was_recovered
 from django_taskclaim.db import default_worker_id
-from django_taskclaim.wakeup.notify import Listener
 from django_taskclaim.worker.acks import Acks
 from django_taskclaim.worker.claimer import Claimer
 from django_taskclaim.worker.config import WorkerConfig
 from django_taskclaim.worker.executors import Executors
 from django_taskclaim.worker.exits import (
     EXIT_BROKEN,
-    EXIT_CONFIG,
     EXIT_FORCED,
     EXIT_GRACE_EXPIRED,
     EXIT_OK,
     EXIT_UNAVAILABLE,
 )
 from django_taskclaim.worker.handback import Handback
-from django_taskclaim.worker.heartbeat import Heartbeat
 from django_taskclaim.worker.ledger import Ledger
-from django_taskclaim.worker.preflight import (
-    BURST_WAIT,
-    DatabaseMissingError,
-    DatabaseUnavailableError,
-    Outage,
-    describe_problems,
-    wait_for_database,
-)
-from django_taskclaim.worker.reaping import Reaping, reap_before_burst
-from django_taskclaim.worker.registry import Registry
-from django_taskclaim.worker.scheduler import Scheduler
+from django_taskclaim.worker.maintenance.heartbeat import Heartbeat
+from django_taskclaim.worker.maintenance.listener import Listener
+from django_taskclaim.worker.maintenance.reaping import Reaping, reap_before_burst
+from django_taskclaim.worker.maintenance.registry import Registry
+from django_taskclaim.worker.maintenance.scheduler import Scheduler
+from django_taskclaim.worker.preflight import BURST_WAIT, refusal
 from django_taskclaim.worker.scope import Scope
+from django_taskclaim.worker.service import Outage, Service
 
 logger = logging.getLogger("django_taskclaim.worker")
 
@@ -94,7 +86,7 @@ class Worker:
         self.using = config.using
         self.worker_id = config.worker_id or default_worker_id()
         self._stopping = threading.Event()  # no new claims, nothing new started
-        self._halt = threading.Event()  # helper threads end
+        self._halt = threading.Event()  # the threads end (the services' stop event)
         self._main_wake = threading.Event()
         self._stop_reason = ""
         self._signals = 0
@@ -125,6 +117,7 @@ class Worker:
         self.claim_outage = Outage(
             "claim",
             self.worker_id,
+            using=self.using,
             give_up_after=BURST_WAIT if config.burst else None,
             warn_first=False,
         )
@@ -133,10 +126,11 @@ class Worker:
             self.ledger,
             self.acks,
             worker_id=self.worker_id,
-            queryset=self._claim_queryset,
+            queryset=self.scope.queryset,
             work_left=self.scope.work_left,
             release=self.handback.release,
             stopping=self._stopping,
+            outage=self.claim_outage,
         )
         self.executors = Executors(
             config,
@@ -146,8 +140,8 @@ class Worker:
             halt=self._halt,
             wake_main=self._main_wake,
         )
-        self._listener: Any = None
-        self._helpers: list[threading.Thread] = []
+        #: The background services (heartbeat, reaping, scheduler, listener), once started.
+        self._services: list[Service] = []
 
     # -- public -------------------------------------------------------------------------
     @property
@@ -198,52 +192,35 @@ class Worker:
         return self.scope.leftover()
 
     # -- main loop ------------------------------------------------------------------------
-    def _claim_queryset(self, model: type[Model]) -> Any:
-        """What the claimer claims from: :meth:`queryset`, its claims' database errors
-        counted by :attr:`claim_outage`."""
-        return _WatchedClaims(self.scope.queryset(model), self.claim_outage)
-
-    def _preflight(self) -> int | None:
-        """Wait for the database and check the schema; an exit code if the worker must
-        not start (``EXIT_OK``: stopped while waiting), else ``None``."""
-        try:
-            problems = wait_for_database(
-                self.config.models,
-                self.using,
-                stopping=self._stopping,
-                wake=self._main_wake,
-                worker_id=self.worker_id,
-                burst=self.config.burst,
-            )
-        except DatabaseUnavailableError as exc:
-            logger.error("%s worker=%s", exc, self.worker_id)
-            return EXIT_UNAVAILABLE
-        except DatabaseMissingError as exc:
-            logger.error("%s worker=%s", exc, self.worker_id)
-            return EXIT_CONFIG
-        if problems is None:
-            return EXIT_OK
-        if problems:
-            logger.error("%s worker=%s", describe_problems(problems, self.using), self.worker_id)
-            connections.close_all()
-            return EXIT_CONFIG
-        return None
-
     def _run(self) -> int:
-        started = time.monotonic()
-        c = self.config
-        refused = self._preflight()
+        started = time.monotonic()  # --max-runtime counts the wait for the database too
+        refused = refusal(
+            self.config.models,
+            self.using,
+            stopping=self._stopping,
+            wake=self._main_wake,
+            worker_id=self.worker_id,
+            burst=self.config.burst,
+        )
         if refused is not None:
             return refused
+        self._start()
+        return self._shut_down(self._main_loop(started))
+
+    def _start(self) -> None:
+        """After the preflight: reap once for ``--burst``, register, start the threads."""
         if self.config.burst and self.config.reap:
             reap_before_burst(self.config.models, using=self.using, worker_id=self.worker_id)
         self.registry.register()
         connections.close_all()  # the main thread needs a connection again only to stop
-        self._start_helpers()
+        self._start_services()
         self.executors.start()
         self.claimer.start()
+
+    def _main_loop(self, started: float) -> int:
+        """Watch the threads, the limits and the supervisor until the worker is done or
+        its grace runs out; return the exit code so far."""
         grace_deadline: float | None = None
-        code = EXIT_OK
         while True:
             if not self._stopping.is_set() and not self.executors.replace_crashed():
                 self._broken = True
@@ -252,46 +229,61 @@ class Worker:
                 self._broken = True
             if not self.executors.alive():
                 if self._stopping.is_set() or self.executors.all_finished():
-                    break
+                    return EXIT_OK
                 continue  # they crashed: replaced (or found broken) at the top of the loop
             now = time.monotonic()
-            expired = c.max_runtime is not None and now - started >= c.max_runtime
-            if expired and not self._stopping.is_set():
-                logger.info("max runtime reached worker=%s", self.worker_id)
-                self.request_stop("max-runtime")
-            if not self._gave_up and self.claim_outage.exhausted():
-                self._gave_up = True
-                logger.error(
-                    "%s worker=%s", self.claim_outage.give_up_line(self.using), self.worker_id
-                )
-                self.request_stop("database unavailable")
-            self._check_parent()
+            self._check_limits(now - started)
             if self._orphaned and grace_deadline is not None:
                 grace_deadline = min(grace_deadline, now)
             if self._stopping.is_set():
                 if grace_deadline is None:
-                    grace = 0.0 if self._orphaned else c.grace
-                    grace_deadline = now + grace
-                    self.ledger.stop()
-                    self.handback.release(self.ledger.take_unstarted())
-                    running = len(self.ledger.running())
-                    if running:
-                        logger.info(
-                            "stopping worker=%s reason=%s running=%s grace=%ss",
-                            self.worker_id,
-                            self._stop_reason,
-                            running,
-                            grace,
-                        )
+                    grace_deadline = now + self._begin_grace()
                 elif now >= grace_deadline:
-                    code = EXIT_GRACE_EXPIRED
-                    self.executors.cancel_async(wait=CANCEL_WAIT)
-                    self.acks.flush()
-                    self.handback.requeue_running()
-                    break
+                    self._grace_expired()
+                    return EXIT_GRACE_EXPIRED
             timeout = 1.0 if grace_deadline is None else max(0.01, min(1.0, grace_deadline - now))
             self._main_wake.wait(timeout)
             self._main_wake.clear()
+
+    def _check_limits(self, ran: float) -> None:
+        """Stop on ``--max-runtime``, on a ``--burst`` claim outage that lasted too
+        long, or when the supervisor is gone."""
+        max_runtime = self.config.max_runtime
+        if max_runtime is not None and ran >= max_runtime and not self._stopping.is_set():
+            logger.info("max runtime reached worker=%s", self.worker_id)
+            self.request_stop("max-runtime")
+        if not self._gave_up and self.claim_outage.exhausted():
+            self._gave_up = True
+            logger.error("%s worker=%s", self.claim_outage.give_up_line(self.using), self.worker_id)
+            self.request_stop("database unavailable")
+        self._check_parent()
+
+    def _begin_grace(self) -> float:
+        """The stop begins: nothing more is started, unstarted rows are given back;
+        return the grace (seconds) the running ones get."""
+        grace = 0.0 if self._orphaned else self.config.grace
+        self.ledger.stop()
+        self.handback.release(self.ledger.take_unstarted())
+        running = len(self.ledger.running())
+        if running:
+            logger.info(
+                "stopping worker=%s reason=%s running=%s grace=%ss",
+                self.worker_id,
+                self._stop_reason,
+                running,
+                grace,
+            )
+        return grace
+
+    def _grace_expired(self) -> None:
+        """Cancel async bodies, write what is acknowledged, requeue what still runs."""
+        self.executors.cancel_async(wait=CANCEL_WAIT)
+        self.acks.flush()
+        self.handback.requeue_running()
+
+    def _shut_down(self, code: int) -> int:
+        """Stop the claimer and the services, give back what is held, deregister;
+        return the final exit code."""
         if self._broken and code == EXIT_OK:
             code = EXIT_BROKEN
         if self._gave_up and code == EXIT_OK:
@@ -300,20 +292,17 @@ class Worker:
         self.ledger.stop()
         self.claimer.wake.set()
         # A claim in flight ends in the ledger's refusal and the claimer's own release.
-        self.claimer.join(timeout=max(5.0, c.grace))
+        self.claimer.join(timeout=max(5.0, self.config.grace))
         self.handback.release(self.ledger.take_unstarted())  # e.g. executors broken before taking
         self._halt.set()
         self.acks.new_deadline.set()
         self.claimer.wake.set()
         if code == EXIT_OK:
             self.acks.flush()
-        if self._listener is not None:
-            self._listener.stop()
-        if code == EXIT_OK:
-            for t in self._helpers:
-                t.join(timeout=5)
-            if self._listener is not None:
-                self._listener.join(timeout=3)
+        for service in self._services:
+            service.stop()
+        for service in self._services if code == EXIT_OK else ():
+            service.join(timeout=5)
         self.executors.loop.stop()
         self.registry.deregister()
         logger.info(
@@ -325,27 +314,28 @@ class Worker:
         connections.close_all()
         return code
 
-    def _start_helpers(self) -> None:
+    def _start_services(self) -> None:
+        """Start the listener (LISTEN wake-ups), the heartbeat, reaping, the scheduler."""
+        c, add = self.config, self._services.append
         if self.scope.use_listen():
-            self._listener = Listener(self.using, self.scope.labels.values(), self._on_notify)
-            self._listener.start()
-        self._helpers.append(
+            labels = self.scope.labels.values()
+            add(Listener(self.using, labels, self._on_notify, worker_id=self.worker_id))
+        add(
             Heartbeat(
                 self.ledger,
-                self.acks,
                 self.registry,
-                interval=self.config.heartbeat_interval,
-                lease_for=self.config.lease_for,
+                interval=c.heartbeat_interval,
+                lease_for=c.lease_for,
                 using=self.using,
                 worker_id=self.worker_id,
                 halt=self._halt,
                 on_lost=self.executors.claim_lost,
             )
         )
-        if self.config.reap:
-            self._helpers.append(
+        if c.reap:
+            add(
                 Reaping(
-                    self.config.models,
+                    c.models,
                     using=self.using,
                     lock_db=self.registry.db,
                     worker_id=self.worker_id,
@@ -354,18 +344,18 @@ class Worker:
                     on_requeued=self._after_reap,
                 )
             )
-        if self.config.scheduler and not self.config.burst:
-            self._helpers.append(
+        if c.scheduler and not c.burst:
+            add(
                 Scheduler(
                     using=self.using,
                     worker_id=self.worker_id,
                     halt=self._halt,
                     stopping=self._stopping,
-                    served=self.config.models,
+                    served=c.models,
                 )
             )
-        for t in self._helpers:
-            t.start()
+        for service in self._services:
+            service.start()
 
     def _after_reap(self) -> None:
         self.handback.notify_ready(self.config.models)
@@ -408,21 +398,3 @@ class Worker:
             self.worker_id,
         )
         self.request_stop("supervisor gone")
-
-
-class _WatchedClaims:
-    """A queryset whose ``claim()`` reports its database errors and successes to an
-    :class:`~.preflight.Outage` (the claimer retries them as before)."""
-
-    def __init__(self, queryset: Any, outage: Outage) -> None:
-        self.queryset = queryset
-        self.outage = outage
-
-    def claim(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            rows = self.queryset.claim(*args, **kwargs)
-        except DatabaseError as exc:
-            self.outage.failed(exc)
-            raise
-        self.outage.ok()
-        return rows

@@ -14,8 +14,8 @@ from django_taskclaim.backends import for_alias, for_connection
 from django_taskclaim.claim import resolve
 from django_taskclaim.config.options import get_options
 from django_taskclaim.config.settings import taskclaim_settings
+from django_taskclaim.db import db_now
 from django_taskclaim.model.queryset import ClaimQuerySet
-from django_taskclaim.ops.figures import db_now
 from django_taskclaim.worker.config import WorkerConfig
 
 

@@ -19,9 +19,9 @@ from django.urls import path, reverse
 from django_taskclaim import ClaimLost
 from django_taskclaim.admin import ClaimableAdminMixin
 from django_taskclaim.db import DbNow
-from django_taskclaim.model.queryset import lease_ended
 from django_taskclaim.models import ClaimableMixin, ClaimFieldsMixin, Lease, WorkerProcess
 from django_taskclaim.ops.figures import live_workers
+from django_taskclaim.rules import lease_ended
 from django_taskclaim.worker import silent_workers
 from tests.support.testapp.admin import DocumentAdmin
 from tests.support.testapp.models import Document, Job

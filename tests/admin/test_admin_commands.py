@@ -15,7 +15,7 @@ from django.core.management import CommandError, call_command
 
 from django_taskclaim.db import DbNow
 from django_taskclaim.models import WorkerProcess
-from django_taskclaim.ops.figures import prune
+from django_taskclaim.recovery.prune import prune
 from tests.support.helpers import child_env
 from tests.support.testapp.models import Document, Job
 

@@ -10,7 +10,8 @@ import pytest
 from django.contrib import admin
 from django.urls import path, reverse
 
-from django_taskclaim.admin import ClaimableAdminMixin, WorkerProcessAdmin
+from django_taskclaim.admin import ClaimableAdminMixin
+from django_taskclaim.admin.own_models import WorkerProcessAdmin
 from django_taskclaim.db import DbNow
 from django_taskclaim.models import WorkerProcess
 from tests.support.testapp.models import Document, Job

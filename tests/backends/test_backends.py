@@ -58,6 +58,61 @@ def test_no_vendor_read_and_no_statement_outside_the_backends(path):
             pytest.fail(f"{path.name} reads a database ENGINE (ask backends.for_engine)")
 
 
+#: Literal text of an f-string that builds SQL: a statement's or a condition's keywords,
+#: or a placeholder. Such text is built by a vendor method, never formatted elsewhere.
+SQL_IN_FSTRING = re.compile(
+    r"\b(SELECT|INSERT|UPDATE|DELETE|WHERE|FROM|CASE|WHEN|THEN|VALUES|JOIN)\b|\bIN \(|%s"
+    r"|\bIS (NOT )?NULL\b"
+)
+
+
+def sql_fstrings(source: str) -> list[str]:
+    """The f-strings of ``source`` whose literal parts look like SQL."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.JoinedStr):
+            text = "".join(str(v.value) for v in node.values if isinstance(v, ast.Constant))
+            if SQL_IN_FSTRING.search(text):
+                found.append(ast.unparse(node))
+    return found
+
+
+@pytest.mark.parametrize("path", runtime_modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_sql_built_with_f_strings_outside_the_backends(path):
+    assert not sql_fstrings(path.read_text()), f"{path.name}: ask a vendor method (backends/)"
+
+
+def test_the_f_string_rule_finds_sql_it_should():
+    # What batch.py once built itself, before the backends did (tokens_match, value_per_row).
+    assert sql_fstrings('RawSQL(f"({pk}, {version}) IN ({pairs})", params)')
+    assert sql_fstrings('x = f"CASE {pk} {branches} ELSE {column} END"')
+    assert sql_fstrings('q = f"SELECT 1 FROM {table}"')
+    assert sql_fstrings('return f"{quoted} IS NOT NULL"')
+    assert not sql_fstrings('logger.info(f"claimed {n} rows from {label}")')
+
+
+def test_the_backends_import_nothing_of_the_package_above_them():
+    for path in sorted((PACKAGE / "backends").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            for name in names:
+                if name.startswith("django_taskclaim"):
+                    assert name.startswith("django_taskclaim.backends"), (path.name, name)
+
+
+def test_batched_writes_take_values_as_parameters():
+    sql = for_vendor("postgresql")
+    st = sql.tokens_match('"t"."id"', '"t"."v"', [(1, 3), (2, 5)])
+    assert st == Statement('("t"."id", "t"."v") IN ((%s, %s), (%s, %s))', (1, 3, 2, 5))
+    st = sql.value_per_row('"t"."id"', '"t"."r"', [(1, "a"), (2, "b")])
+    assert st.sql == 'CASE "t"."id" WHEN %s THEN %s WHEN %s THEN %s ELSE "t"."r" END'
+    assert st.params == (1, "a", 2, "b")
+
+
 COLUMNS = ClaimColumns(
     table='"t"',
     pk='"id"',

@@ -26,7 +26,8 @@ def test_claim_plan_uses_partial_index_on_large_table():
             "0, '', 0, 0, '' FROM generate_series(1, 100000) g"
         )
         cur.execute("ANALYZE testapp_document")
-    from django_taskclaim.claim import candidates, compile_queryset
+    from django_taskclaim.claim.base import candidates
+    from django_taskclaim.claim.statements import compile_queryset
     from django_taskclaim.config.options import get_options
 
     sql, params = compile_queryset(

@@ -309,3 +309,10 @@ def test_cas_never_returns_a_row_taken_over_between_its_update_and_its_read(monk
     rows = Document.objects.claim(2, strategy="cas", worker="me")
     assert [r.pk for r in rows] == [docs[1].pk]
     assert Document.objects.get(pk=docs[0].pk).locked_by == "other"
+
+
+def test_the_strategy_names_are_the_registered_strategies():
+    from django_taskclaim.claim import STRATEGIES
+    from django_taskclaim.config.claim_meta import STRATEGY_NAMES
+
+    assert ("auto", *STRATEGIES) == STRATEGY_NAMES

@@ -17,13 +17,13 @@ from django.core import checks
 from django.db import IntegrityError, connection, connections, models, transaction
 from django.test.utils import CaptureQueriesContext, isolate_apps
 
+from django_taskclaim.checks.concurrency_keys import check_concurrency_keys
 from django_taskclaim.claim import STRATEGIES
-from django_taskclaim.claim.keyed import _pick
+from django_taskclaim.claim.key_slots import _pick
 from django_taskclaim.config import bounds
 from django_taskclaim.config.options import get_options
 from django_taskclaim.exceptions import ConfigurationError, StrategyNotSupportedError
 from django_taskclaim.model.concurrency_keys import (
-    check_concurrency_keys,
     concurrency_constraint,
     concurrency_slot,
     guard_of,
@@ -124,7 +124,7 @@ def test_check_refuses_a_key_without_constraint(monkeypatch):
             concurrency_key = "k"
 
     monkeypatch.setattr(
-        "django_taskclaim.model.concurrency_keys.checked_models",
+        "django_taskclaim.checks.concurrency_keys.checked_models",
         lambda _configs: iter([Loose, Wide, Tight]),
     )
     found = check_concurrency_keys()
@@ -254,18 +254,18 @@ def test_hold_is_refused_with_a_key():
 
 
 def test_claim_without_constraint_is_refused():
-    from django_taskclaim.claim import keyed
+    from django_taskclaim.claim import key_slots
 
     opts = get_options(KeyedJob)
-    keyed._GUARDS.pop(KeyedJob, None)
+    key_slots._GUARDS.pop(KeyedJob, None)
     original = KeyedJob._meta.constraints
     KeyedJob._meta.constraints = []
     try:
         with pytest.raises(ConfigurationError, match="no unique constraint enforces it"):
-            keyed.guard(opts)
+            key_slots.guard(opts)
     finally:
         KeyedJob._meta.constraints = original
-    assert keyed.guard(opts).name == "keyedapp_keyedjob_customer_held_conc"
+    assert key_slots.guard(opts).name == "keyedapp_keyedjob_customer_held_conc"
 
 
 @pytest.mark.parametrize("strategy", _strategies())
@@ -322,7 +322,8 @@ def _expected_plain_sql(table: str) -> str:
     """The claim statement of a plain model built from the pieces the strategies used
     before keys existed (the plain candidates, the vendor's one-statement claim)."""
     from django_taskclaim.backends import Statement, for_connection
-    from django_taskclaim.claim import candidates, claim_columns, compile_queryset
+    from django_taskclaim.claim.base import candidates, claim_columns
+    from django_taskclaim.claim.statements import compile_queryset
 
     opts = get_options(PlainJob)
     sql, params = compile_queryset(candidates(PlainJob.objects.claimable(), opts, 1))
@@ -514,8 +515,8 @@ def test_the_busy_lookup_of_a_generated_held_column_does_not_filter_on_the_statu
     """The held column is NULL unless processing, so the lookup needs no status filter;
     with one, PostgreSQL combined the whole lease index (its predicate is the same) into
     every candidate's lookup: 1.3 s per claim with 5,000 ready rows."""
-    from django_taskclaim.claim import compile_queryset
     from django_taskclaim.claim.key_slots import keyed_candidates
+    from django_taskclaim.claim.statements import compile_queryset
 
     sql, params = compile_queryset(keyed_candidates(model.objects.claimable(), get_options(model)))
     assert "processing" not in sql

@@ -20,7 +20,8 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_taskclaim import ClaimLost, reap
-from django_taskclaim.claim import STRATEGIES, STRATEGY_NAMES
+from django_taskclaim.claim import STRATEGIES
+from django_taskclaim.config.claim_meta import STRATEGY_NAMES
 from django_taskclaim.db import DbNow
 from django_taskclaim.settle.outcome import run_task
 from tests.support.testapp.models import (

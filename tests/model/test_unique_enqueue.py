@@ -16,9 +16,10 @@ from django.core import checks
 from django.db import IntegrityError, connection, models, transaction
 from django.test.utils import isolate_apps
 
+from django_taskclaim.checks.unique import check_model, check_unique_keys
 from django_taskclaim.exceptions import ConfigurationError
-from django_taskclaim.model import unique
-from django_taskclaim.model.unique import ActiveKeyField, check_model, check_unique_keys
+from django_taskclaim.model import unique_insert
+from django_taskclaim.model.unique import ActiveKeyField
 from django_taskclaim.models import ClaimableModel
 from tests.support.testapp.models import Document
 from tests.support.uniqueapp.models import Export, LegacySync
@@ -243,7 +244,7 @@ def test_holder_finishing_between_refused_insert_and_read_retries_the_insert(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     holder, _ = Export.objects.enqueue_unique(dedupe_key="gone", payload="a")
-    real = unique.is_unique_violation
+    real = unique_insert.is_unique_violation
     finished: list[int] = []
 
     def finish_holder_then_classify(exc: BaseException, key: Any, using: str) -> bool:
@@ -252,7 +253,7 @@ def test_holder_finishing_between_refused_insert_and_read_retries_the_insert(
             finished.append(Export.objects.filter(pk=holder.pk).cancel())
         return verdict
 
-    monkeypatch.setattr(unique, "is_unique_violation", finish_holder_then_classify)
+    monkeypatch.setattr(unique_insert, "is_unique_violation", finish_holder_then_classify)
     row, created = Export.objects.enqueue_unique(dedupe_key="gone", payload="b")
     assert finished == [1]
     assert created

@@ -18,7 +18,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_taskclaim.backends import Statement, for_vendor
-from django_taskclaim.config.options import claimable_models
+from django_taskclaim.config.discovery import claimable_models
 from django_taskclaim.db import DbNow
 from django_taskclaim.models import WorkerProcess
 from django_taskclaim.ops.doctor import Finding, Thresholds, diagnose, exit_code

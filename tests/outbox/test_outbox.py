@@ -17,17 +17,11 @@ import pytest
 from django.db import connections, transaction
 
 from django_taskclaim.exceptions import ConfigurationError
-from django_taskclaim.outbox import (
-    KEY_HASH_SPACE,
-    MessagesRejected,
-    PublishError,
-    Relay,
-    key_hash,
-    make_publisher,
-    partition_range,
-    publish,
-    rounds,
-)
+from django_taskclaim.outbox.brokers import make_publisher
+from django_taskclaim.outbox.models import KEY_HASH_SPACE, key_hash, partition_range
+from django_taskclaim.outbox.publisher import MessagesRejected, PublishError
+from django_taskclaim.outbox.relay import Relay, rounds
+from django_taskclaim.outbox.write import publish
 from django_taskclaim.settle.batch import complete_many
 from tests.support.helpers import wait_for
 from tests.support.outbox_brokers import BROKERS, RabbitQueue, rabbit_down_reason
@@ -371,6 +365,20 @@ def test_fenced_completion_of_stale_rows_writes_nothing():
             [LABEL, "--publisher", "rabbitmq", "--url", "amqp://x", "--partitions", "0"],
             "--partitions",
         ),
+        (
+            [
+                LABEL,
+                "--publisher",
+                "rabbitmq",
+                "--url",
+                "amqp://x",
+                "--partitions",
+                "2",
+                "--max-partitions",
+                "3",
+            ],
+            "--max-partitions must be from 1 to 2",
+        ),
         ([LABEL, "--publisher", "kafka", "--url", "x"], "is not one of rabbitmq, nats"),
     ],
 )
@@ -386,10 +394,39 @@ def test_command_errors_are_one_clear_line(args, expected):
     assert len([line for line in done.stderr.splitlines() if line.strip()]) <= 3
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"partitions": 0}, "partitions must be > 0"),
+        ({"partitions": 4097}, "partitions must be from 1 to 4096"),
+        ({"partitions": 2, "max_partitions": 3}, "max_partitions must be from 1 to 2"),
+        ({"batch": 1.5}, "batch must be a whole number"),
+        ({"lease": 0.5}, "lease must be from 1 to 3600"),
+        ({"poll": float("nan")}, "poll must be a finite number"),
+        ({"backoff": 2.0, "backoff_max": 1.0}, "backoff_max must be from 2 to 3600"),
+    ],
+)
+def test_relay_arguments_are_checked_against_the_options_table(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Relay(Message, GatedPublisher(), **kwargs)
+
+
+def test_the_command_flags_are_the_options_table():
+    from django_taskclaim.management.commands.taskclaim_relay import Command
+    from django_taskclaim.outbox.options import RELAY_OPTIONS
+
+    parser = Command().create_parser("manage.py", "taskclaim_relay")
+    flags = {a.dest: a.default for a in parser._actions}
+    for option in RELAY_OPTIONS:
+        assert (option.name in flags) == option.flag, option.name
+        if option.flag:
+            assert flags[option.name] == option.default
+
+
 def test_the_timeout_option_reaches_the_publisher(monkeypatch):
     from django.core.management import CommandError, call_command
 
-    from django_taskclaim.management.commands import taskclaim_relay
+    from django_taskclaim.outbox import runner
 
     made = []
 
@@ -397,7 +434,7 @@ def test_the_timeout_option_reaches_the_publisher(monkeypatch):
         made.append((name, options))
         raise PublishError("refused")
 
-    monkeypatch.setattr(taskclaim_relay, "make_publisher", refuse)
+    monkeypatch.setattr(runner, "make_publisher", refuse)
     with pytest.raises(CommandError, match="unreachable: refused"):
         call_command("taskclaim_relay", LABEL, "--publisher", "nats", "--url", "nats://x",
                      "--timeout", "2.5")  # fmt: skip

@@ -23,14 +23,10 @@ from django.db import connections
 
 from django_taskclaim.admin import ClaimableAdminMixin
 from django_taskclaim.exceptions import ConfigurationError
-from django_taskclaim.outbox import (
-    MESSAGE_ATTEMPTS,
-    MessagesRejected,
-    PublishError,
-    Relay,
-    make_publisher,
-    publish,
-)
+from django_taskclaim.outbox.brokers import make_publisher
+from django_taskclaim.outbox.publisher import MessagesRejected, PublishError
+from django_taskclaim.outbox.relay import MESSAGE_ATTEMPTS, Relay
+from django_taskclaim.outbox.write import publish
 from tests.support.helpers import wait_for
 from tests.support.outbox_brokers import BROKERS
 from tests.support.outboxapp.models import Message

@@ -19,7 +19,8 @@ from django.db import connection, connections, models
 from django.db.models import F
 from django.test.utils import isolate_apps
 
-from django_taskclaim.config.options import claimable_models, is_archive, resolve_model
+from django_taskclaim.config.claim_meta import is_archive
+from django_taskclaim.config.discovery import claimable_models, resolve_model
 from django_taskclaim.db import DbNow
 from django_taskclaim.exceptions import ConfigurationError, NotClaimableError
 from django_taskclaim.models import ClaimableModel
@@ -76,7 +77,8 @@ def test_checks_refuse_an_archive_that_cannot_take_the_rows(monkeypatch):
 
     with isolate_apps("tests.support.archiveapp") as registry:
         # Labels resolve, and claimable models are found, in the isolated registry.
-        monkeypatch.setattr("django_taskclaim.config.options.apps", registry)
+        for module in ("options", "discovery", "claim_meta"):
+            monkeypatch.setattr(f"django_taskclaim.config.{module}.apps", registry)
 
         class Ticket(ClaimableModel):
             note = models.CharField(max_length=10)

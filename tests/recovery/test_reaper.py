@@ -8,7 +8,7 @@ import pytest
 from django.test import override_settings
 
 from django_taskclaim import reap
-from django_taskclaim.claim import was_recovered
+from django_taskclaim.claim.base import was_recovered
 from django_taskclaim.db import DbNow
 from django_taskclaim.recovery.reap import release_worker
 from django_taskclaim.signals import task_reaped

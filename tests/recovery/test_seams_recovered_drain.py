@@ -19,7 +19,7 @@ import pytest
 from django.db.models import Max
 from django.utils import timezone
 
-from django_taskclaim.claim import RECOVERED_ATTR, was_recovered
+from django_taskclaim.claim.base import RECOVERED_ATTR, was_recovered
 from django_taskclaim.db import DbNow
 from django_taskclaim.worker.ledger import SHARES_ATTR, Ledger
 from tests.support.helpers import wait_for

@@ -103,7 +103,7 @@ def test_a_worker_restart_loop_reaps_expired_leases():
 
 
 def test_the_first_reap_comes_soon_after_a_worker_starts():
-    from django_taskclaim.worker.reaping import FIRST_REAP, first_wait
+    from django_taskclaim.worker.maintenance.reaping import FIRST_REAP, first_wait
 
     low, high = FIRST_REAP
     assert all(low <= first_wait(30.0) <= high for _ in range(200))

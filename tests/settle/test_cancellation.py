@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import pytest
 
-from django_taskclaim.ops.figures import db_now
+from django_taskclaim.db import db_now
 from django_taskclaim.recovery.reap import release_worker
 from tests.support.asyncapp.models import AsyncDocument, Mark
 from tests.support.helpers import wait_for

@@ -428,7 +428,7 @@ def test_deferred_result_fields_are_written_per_row_in_one_update(shape):
     writes them all in one fenced UPDATE, each row its own values, and calls on_written."""
     from django.test.utils import CaptureQueriesContext
 
-    from django_taskclaim.settle.outcome import BatchableResult, complete_many
+    from django_taskclaim.settle.batch import BatchableResult, complete_many
 
     Document.objects.bulk_create([Document(title=f"b{i}") for i in range(4)])
     rows = Document.objects.claim(4)
@@ -489,7 +489,7 @@ def test_batched_completions_store_each_result_value_as_the_orm_would(case, fiel
     column): what is read back equals what a plain save would store."""
     from django.test.utils import CaptureQueriesContext
 
-    from django_taskclaim.settle.outcome import BatchableResult, complete_many
+    from django_taskclaim.settle.batch import BatchableResult, complete_many
     from tests.support.testapp.models import ResultTypes
 
     ResultTypes.objects.bulk_create([ResultTypes() for _ in range(3)])

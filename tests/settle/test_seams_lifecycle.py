@@ -13,13 +13,9 @@ import pytest
 from django.db import OperationalError, connection, connections, transaction
 
 from django_taskclaim import ClaimLost
-from django_taskclaim.settle.outcome import (
-    PENDING_ATTR,
-    BatchableResult,
-    complete_many,
-    complete_pending,
-    run_task,
-)
+from django_taskclaim.settle.batch import PENDING_ATTR, BatchableResult, complete_many
+from django_taskclaim.settle.outcome import run_task
+from django_taskclaim.settle.transitions import complete_pending
 from tests.support.helpers import PYTHON, child_env, wait_for
 from tests.support.testapp.models import (
     CharKeyTask,

@@ -23,7 +23,7 @@ def main() -> None:
     from django.db import DatabaseError, transaction
 
     from django_taskclaim.db import retry_transient
-    from django_taskclaim.model.unique import UniqueKeyRaceError
+    from django_taskclaim.model.unique_insert import UniqueKeyRaceError
     from tests.support.helpers import wait_for
     from tests.support.uniqueapp.models import Export
 

@@ -9,12 +9,13 @@ import pytest
 from django.core.management.base import CommandError
 
 from django_taskclaim.config import bounds
-from django_taskclaim.config.settings import DEFAULTS
+from django_taskclaim.config.settings import BOUNDS, DEFAULTS, setting_problem
 from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.worker.options import BY_NAME, OPTIONS
 
 ALL = [
-    *(("setting " + k, b) for k, b in bounds.SETTINGS.items()),
-    *(("worker " + k, b) for k, b in bounds.WORKER.items()),
+    *(("setting " + k, b) for k, b in BOUNDS.items()),
+    *(("worker " + o.flag, o.bound) for o in OPTIONS if o.bound is not None),
     *(("reap " + k, b) for k, b in bounds.REAP.items()),
     ("lock ttl", bounds.LOCK_TTL),
 ]
@@ -40,7 +41,7 @@ def test_every_bound_is_finite_and_refuses_what_lies_outside(where, bound):
 
 
 def test_parse_accepts_text_and_names_the_fix():
-    whole = bounds.WORKER["--batch"]
+    whole = BY_NAME["batch"].bound
     assert bounds.number("7", "--batch", whole, parse=True) == 7
     for text, message in [
         ("1e20", "--batch must be a whole number, got '1e20'"),
@@ -50,7 +51,7 @@ def test_parse_accepts_text_and_names_the_fix():
     ]:
         with pytest.raises(ConfigurationError, match=message):
             bounds.number(text, "--batch", whole, parse=True)
-    seconds = bounds.WORKER["--ack-window"]
+    seconds = BY_NAME["ack_window"].bound
     assert bounds.number("0", "--ack-window", seconds, parse=True) == 0.0
     with pytest.raises(ConfigurationError, match="--ack-window must be a finite number"):
         bounds.number("nan", "--ack-window", seconds, parse=True)
@@ -74,22 +75,27 @@ def test_the_numeric_settings_are_exactly_the_bounded_ones():
     numeric = {
         k for k, v in DEFAULTS.items() if isinstance(v, int | float) and not isinstance(v, bool)
     }
-    assert numeric | {"HEARTBEAT_INTERVAL"} == set(bounds.SETTINGS)
-    for name, bound in bounds.SETTINGS.items():
+    assert numeric | {"HEARTBEAT_INTERVAL"} == set(BOUNDS)
+    for name, bound in BOUNDS.items():
         if DEFAULTS[name] is not None:
-            assert bounds.setting_problem(name, DEFAULTS[name]) is None, name
+            assert setting_problem(name, DEFAULTS[name]) is None, name
             assert isinstance(DEFAULTS[name], int) or not bound.whole, name
-    assert bounds.setting_problem("HEARTBEAT_INTERVAL", None) is None
-    assert "must be from" in (bounds.setting_problem("LEASE", 1e12) or "")
+    assert setting_problem("HEARTBEAT_INTERVAL", None) is None
+    assert "must be from" in (setting_problem("LEASE", 1e12) or "")
 
 
 def test_the_worker_and_the_settings_agree_where_they_share_an_option():
     # The defaults a worker falls back to must pass the worker's own bounds.
-    for option, setting in [("--poll", "POLL_INTERVAL"), ("--ack-window", "ACK_WINDOW")]:
-        w, s = bounds.WORKER[option], bounds.SETTINGS[setting]
-        assert w.low <= s.low, option
-        assert s.high <= w.high, option
-    assert bounds.WORKER["--lease"].high == bounds.LEASE.high == bounds.LOCK_TTL.high
+    fallbacks = [o for o in OPTIONS if o.setting is not None]
+    assert {o.name for o in fallbacks} == {"poll", "ack_window"}
+    for option in fallbacks:
+        w, s = option.bound, BOUNDS[option.setting]
+        assert w is not None
+        assert w.low <= s.low, option.flag
+        assert s.high <= w.high, option.flag
+    lease = BY_NAME["lease"].bound
+    assert lease is not None
+    assert lease.high == bounds.LEASE.high == bounds.LOCK_TTL.high
 
 
 def test_claim_options_are_kept_per_model_and_dropped_when_a_setting_changes():

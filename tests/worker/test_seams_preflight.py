@@ -21,7 +21,8 @@ from django.db import OperationalError, connection
 from django_taskclaim.models import WorkerProcess
 from django_taskclaim.ops.doctor import diagnose
 from django_taskclaim.worker.exits import EXIT_CONFIG, EXIT_UNAVAILABLE
-from django_taskclaim.worker.preflight import BURST_WAIT, WARN_EVERY, Outage, schema_problems
+from django_taskclaim.worker.preflight import BURST_WAIT, schema_problems
+from django_taskclaim.worker.service import WARN_EVERY, Outage
 from tests.support.helpers import ROOT, wait_for
 from tests.support.testapp.models import CharKeyTask, Document
 from tests.support.worker_procs import WorkerProc, run_command, stop_all

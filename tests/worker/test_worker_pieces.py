@@ -15,14 +15,15 @@ from django.db import DatabaseError
 from django_taskclaim import Fail, Retry
 from django_taskclaim.exceptions import ClaimLost
 from django_taskclaim.model.queryset import ClaimQuerySet
-from django_taskclaim.settle.outcome import Attempt, BatchableResult, TaskAborted, attempt, settle
+from django_taskclaim.settle.batch import BatchableResult
+from django_taskclaim.settle.outcome import Attempt, TaskAborted, attempt, settle
 from django_taskclaim.worker import EXIT_BROKEN, EXIT_OK, Worker, WorkerConfig
 from django_taskclaim.worker import acks as acks_module
 from django_taskclaim.worker.acks import Acks
 from django_taskclaim.worker.executors import Executors
 from django_taskclaim.worker.exits import MAX_CRASHES
-from django_taskclaim.worker.heartbeat import Heartbeat
 from django_taskclaim.worker.ledger import Ledger
+from django_taskclaim.worker.maintenance.heartbeat import Heartbeat
 from tests.support.helpers import wait_for
 from tests.support.testapp.models import Document
 
@@ -263,7 +264,6 @@ def test_a_batched_ack_that_fails_for_a_non_connection_reason_is_written_one_by_
 def test_the_heartbeat_thread_survives_an_unexpected_error():
     ledger = Ledger(capacity=10, claim_size=10)
     halt = threading.Event()
-    acks = Acks(ledger, window=0, batch=1, using="default", worker_id="w", halt=halt)
     calls: list[int] = []
 
     class Flaky:
@@ -275,7 +275,7 @@ def test_the_heartbeat_thread_survives_an_unexpected_error():
                 raise RuntimeError("a bug in a registry hook")
 
     beat = Heartbeat(
-        ledger, acks, Flaky(), interval=0.05, lease_for=lambda m: 30.0,  # type: ignore[arg-type]
+        ledger, Flaky(), interval=0.05, lease_for=lambda m: 30.0,  # type: ignore[arg-type]
         using="default", worker_id="w", halt=halt,
     )  # fmt: skip
     beat.start()

@@ -10,7 +10,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import models
 
 from django_taskclaim.contrib.racelab.apps import RaceLabConfig
-from django_taskclaim.model.mixins import ClaimableModel, claim_indexes
+from django_taskclaim.model.indexes import claim_indexes
+from django_taskclaim.model.mixins import ClaimableModel
 
 if not apps.is_installed(RaceLabConfig.name):
     # Django would file these models under the enclosing installed app (``taskclaim``,

@@ -11,23 +11,25 @@ On Django < 6.0 importing this package raises ``ImproperlyConfigured`` with the 
 ``django.tasks`` does not exist there, and the ``django-tasks`` backport is not supported.
 """
 
+from importlib import import_module
 from typing import Any
 
 from django_taskclaim.contrib.tasks.apps import check_django_version
 
 check_django_version()
 
-#: Names loaded from :mod:`.backend` on first use (importing this package stays cheap).
-_LAZY = ("enqueue_unique", "aenqueue_unique", "unique_key_for")
+#: Names loaded from their module on first use (importing this package stays cheap).
+_LAZY = {
+    "enqueue_unique": "django_taskclaim.contrib.tasks.backend",
+    "aenqueue_unique": "django_taskclaim.contrib.tasks.backend",
+    "unique_key_for": "django_taskclaim.contrib.tasks.arguments",
+}
 
 __all__ = ["aenqueue_unique", "enqueue_unique", "unique_key_for"]
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from django_taskclaim.contrib.tasks import (
-            backend,  # deferred: loaded on first use, importing the app stays cheap
-        )
-
-        return getattr(backend, name)
+        # deferred: loaded on first use, importing the app stays cheap
+        return getattr(import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

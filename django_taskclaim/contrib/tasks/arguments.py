@@ -2,8 +2,9 @@
 
 :func:`encode_arguments` turns a call's ``args`` / ``kwargs`` into the JSON values stored
 with the task (or says which argument cannot be stored); :func:`unique_key_for` is the
-key of a unique enqueue given none, :func:`_check_key` the check of one given. Both are
-importable from :mod:`django_taskclaim.contrib.tasks.backend` as well.
+key of a unique enqueue given none (also importable from
+:mod:`django_taskclaim.contrib.tasks`), :func:`check_key` the check of one given. Their
+caller: :mod:`.backend`.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def unique_key_for(task: Task, args_json: list[Any], kwargs_json: dict[str, Any]
     return f"{task.module_path}:{digest}"[-UNIQUE_KEY_MAX_LENGTH:]
 
 
-def _check_key(key: Any) -> None:
+def check_key(key: Any) -> None:
+    """``InvalidTask`` unless ``key`` is a unique key the table can store."""
     from django_taskclaim.contrib.tasks.models import (
         UNIQUE_KEY_MAX_LENGTH,  # deferred: models need the app registry
     )

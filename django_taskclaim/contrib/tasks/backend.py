@@ -3,16 +3,17 @@
 ``TASKS = {"default": {"BACKEND": "django_taskclaim.contrib.tasks.backend.TaskClaimBackend"}}``
 stores each enqueued Task as a :class:`~django_taskclaim.contrib.tasks.models.QueuedTask`
 row; ``manage.py taskclaim_worker taskclaim_tasks.QueuedTask`` runs them. What a row stores
-of the call (its JSON arguments, its unique key) is worked out in :mod:`.arguments`.
+of the call (its JSON arguments, its unique key) is worked out in :mod:`.arguments`; what
+it checks of its options and of each task's priority and ``run_after``, in
+:mod:`.validation`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import uuid
-from dataclasses import dataclass, fields
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
@@ -21,17 +22,22 @@ from django.core import checks
 from django.db import router
 from django.tasks import Task, TaskResult
 from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 
-from django_taskclaim.config import bounds
 from django_taskclaim.config.settings import taskclaim_settings
-from django_taskclaim.contrib.tasks.arguments import _check_key, encode_arguments, unique_key_for
-from django_taskclaim.contrib.tasks.exceptions import InvalidTaskValue
+from django_taskclaim.contrib.tasks.arguments import check_key, encode_arguments, unique_key_for
 from django_taskclaim.contrib.tasks.results import to_result
+from django_taskclaim.contrib.tasks.validation import (
+    OPTION_NAMES,
+    check_priority,
+    check_run_after,
+    copy_task,
+    max_attempts_value,
+    number_option,
+)
 from django_taskclaim.db import DbNow, retry_transient
-from django_taskclaim.model.unique import insert_unique
+from django_taskclaim.model.unique_insert import insert_unique
 
 if TYPE_CHECKING:
     from django_taskclaim.contrib.tasks.models import QueuedTask
@@ -39,14 +45,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_taskclaim.tasks")
 
 APP = "django_taskclaim.contrib.tasks"
-#: Keys accepted in ``TASKS[alias]["OPTIONS"]`` and what they mean.
-OPTION_NAMES = {
-    "database": "alias of the database holding the task table (default: the router's choice)",
-    "max_attempts": "attempts (claims) a task gets before it ends FAILED (1-1000)",
-    "retry_backoff": "seconds before the first retry; doubles on each further attempt",
-    "retry_backoff_max": "cap of the retry backoff, seconds",
-    "retry_jitter": "± fraction of random spread applied to each backoff (0-1)",
-}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,75 +57,6 @@ class ClaimTask(Task):
     """
 
     max_attempts: int | None = None
-
-
-def _number(value: Any, name: str, *, low: float, high: float | None = None) -> float:
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidTaskBackend(f"{name} must be a number, got {value!r}")
-    if value < low or (high is not None and value > high):
-        bounds = f">= {low}" if high is None else f"between {low} and {high}"
-        raise InvalidTaskBackend(f"{name} must be {bounds}, got {value!r}")
-    return float(value)
-
-
-def _max_attempts(value: Any, where: str) -> int:
-    from django_taskclaim.contrib.tasks.models import (
-        MAX_ATTEMPTS_CEILING,  # deferred: models need the app registry
-    )
-
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or not (1 <= value <= MAX_ATTEMPTS_CEILING)
-    ):
-        raise InvalidTaskBackend(
-            f"{where} must be a whole number between 1 and {MAX_ATTEMPTS_CEILING}, got {value!r}"
-        )
-    return value
-
-
-def _check_priority(priority: Any) -> None:
-    """``InvalidTask`` unless ``priority`` is a number; :class:`InvalidTaskValue` for NaN
-    or an infinity (Django's own range check would raise a raw ``ValueError``)."""
-    if isinstance(priority, bool) or not isinstance(priority, int | float):
-        raise InvalidTask(f"priority must be a whole number, got {priority!r}")
-    if isinstance(priority, float) and not math.isfinite(priority):
-        raise InvalidTaskValue(
-            f"priority must be a whole number between {TASK_MIN_PRIORITY} and "
-            f"{TASK_MAX_PRIORITY}, got {priority!r}"
-        )
-
-
-def _check_run_after(run_after: datetime | timedelta | None) -> None:
-    """:class:`InvalidTaskValue` for a ``run_after`` no database can store: a negative or
-    longer than :data:`~django_taskclaim.config.bounds.MAX_AGE` ``timedelta``, an aware
-    ``datetime`` outside years 1 to 9999 once in UTC."""
-    if isinstance(run_after, timedelta):
-        if run_after < timedelta(0):
-            raise InvalidTaskValue(f"run_after must not be a negative timedelta, got {run_after!r}")
-        if run_after.total_seconds() > bounds.MAX_AGE:
-            raise InvalidTaskValue(
-                f"run_after must be at most {bounds.MAX_AGE / bounds.DAY:g} days ahead, "
-                f"got {run_after!r}"
-            )
-    elif isinstance(run_after, datetime) and run_after.utcoffset() is not None:
-        try:
-            run_after.astimezone(UTC)
-        except OverflowError:
-            raise InvalidTaskValue(
-                f"run_after {run_after.isoformat()} is out of range: it must be between "
-                f"{datetime.min.isoformat()} and {datetime.max.isoformat()} in UTC"
-            ) from None
-
-
-def _copy_task(task: Task, **changes: Any) -> Task:
-    """A copy of ``task`` with ``changes``, without running its validation."""
-    copy = object.__new__(type(task))
-    for f in fields(task):
-        object.__setattr__(copy, f.name, changes.get(f.name, getattr(task, f.name)))
-    return copy
 
 
 def enqueue_unique(task: Task, key: str | None, /, *args: Any, **kwargs: Any) -> TaskResult:
@@ -191,7 +120,7 @@ class TaskClaimBackend(BaseTaskBackend):
                     f"at most {NAME_MAX_LENGTH} characters"
                 )
         if "max_attempts" in self.options:
-            _max_attempts(self.options["max_attempts"], f"TASKS[{alias!r}] max_attempts")
+            max_attempts_value(self.options["max_attempts"], f"TASKS[{alias!r}] max_attempts")
         self.retry_settings()  # validates the retry options now, not at the first failure
         database = self.options.get("database")
         if database is not None and not isinstance(database, str):
@@ -221,22 +150,22 @@ class TaskClaimBackend(BaseTaskBackend):
     def max_attempts(self) -> int:
         """Default ``max_attempts`` of this backend's tasks (``TASKCLAIM_MAX_ATTEMPTS``)."""
         value = self.options.get("max_attempts", taskclaim_settings.MAX_ATTEMPTS)
-        return _max_attempts(value, f"TASKS[{self.alias!r}] max_attempts")
+        return max_attempts_value(value, f"TASKS[{self.alias!r}] max_attempts")
 
     def retry_settings(self) -> tuple[float, float, float]:
         """``(backoff, backoff_max, jitter)`` from ``OPTIONS`` or the ``TASKCLAIM_*`` settings."""
         where = f"TASKS[{self.alias!r}]"
-        base = _number(
+        base = number_option(
             self.options.get("retry_backoff", taskclaim_settings.RETRY_BACKOFF),
             f"{where} retry_backoff",
             low=0,
         )
-        cap = _number(
+        cap = number_option(
             self.options.get("retry_backoff_max", taskclaim_settings.RETRY_BACKOFF_MAX),
             f"{where} retry_backoff_max",
             low=0,
         )
-        jitter = _number(
+        jitter = number_option(
             self.options.get("retry_jitter", taskclaim_settings.RETRY_JITTER),
             f"{where} retry_jitter",
             low=0,
@@ -261,7 +190,7 @@ class TaskClaimBackend(BaseTaskBackend):
             raise InvalidTask(
                 f"run_after must be an aware datetime, a timedelta or None, got {run_after!r}"
             )
-        _check_run_after(run_after)
+        check_run_after(run_after)
         if self.queues and task.queue_name not in self.queues:
             raise InvalidTask(
                 f"queue_name {task.queue_name!r} is not valid for backend {self.alias!r}: "
@@ -277,14 +206,14 @@ class TaskClaimBackend(BaseTaskBackend):
                 f"queue_name must be a string of at most {NAME_MAX_LENGTH} characters, "
                 f"got {task.queue_name!r}"
             )
-        _check_priority(task.priority)
+        check_priority(task.priority)
         own = getattr(task, "max_attempts", None)
         if own is not None:
             try:
-                _max_attempts(own, f"max_attempts of {task.module_path}")
+                max_attempts_value(own, f"max_attempts of {task.module_path}")
             except InvalidTaskBackend as exc:
                 raise InvalidTask(str(exc)) from None
-        probe = _copy_task(task, run_after=None) if isinstance(run_after, timedelta) else task
+        probe = copy_task(task, run_after=None) if isinstance(run_after, timedelta) else task
         super().validate_task(probe)
 
     # -- enqueue --------------------------------------------------------------------
@@ -356,7 +285,7 @@ class TaskClaimBackend(BaseTaskBackend):
         self.validate_task(task)
         args_json, kwargs_json = encode_arguments(task, args, kwargs)
         key = unique_key_for(task, args_json, kwargs_json) if key is None else key
-        _check_key(key)
+        check_key(key)
         row, created = insert_unique(
             lambda: self._new_row(task, args_json, kwargs_json, unique_key=key),
             using=self.database,

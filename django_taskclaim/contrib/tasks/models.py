@@ -15,7 +15,8 @@ from django.tasks import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME
 from django.utils.translation import gettext_lazy as _
 
 from django_taskclaim.config.settings import taskclaim_settings
-from django_taskclaim.model.mixins import ClaimableModel, claim_indexes
+from django_taskclaim.model.indexes import claim_indexes
+from django_taskclaim.model.mixins import ClaimableModel
 from django_taskclaim.model.status import Status
 from django_taskclaim.model.unique import ActiveKeyField, SparseUniqueConstraint
 

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from django_taskclaim.config.options import get_options, retry_delay
 from django_taskclaim.contrib.tasks import announce
 from django_taskclaim.contrib.tasks.exceptions import WorkerLost
+from django_taskclaim.db import db_now
 from django_taskclaim.exceptions import Retry
-from django_taskclaim.ops.figures import db_now
 from django_taskclaim.settle.writes import format_error
 
 if TYPE_CHECKING:

@@ -38,7 +38,7 @@ from django_taskclaim.contrib.tasks.outcomes import (
 from django_taskclaim.contrib.tasks.outcomes import start as _start
 from django_taskclaim.contrib.tasks.results import to_result
 from django_taskclaim.exceptions import Fail
-from django_taskclaim.settle.outcome import BatchableResult
+from django_taskclaim.settle.batch import BatchableResult
 
 #: Kept under the names they had before the runner was split.
 _Binder = Binder

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from django_taskclaim.config.options import resolve_model
+from django_taskclaim.config.discovery import resolve_model
 from django_taskclaim.exceptions import TaskClaimError
 from django_taskclaim.ops.doctor import diagnose, exit_code, format_findings
 

@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from django_taskclaim.config import bounds
-from django_taskclaim.config.options import resolve_model
+from django_taskclaim.config.discovery import resolve_model
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.model.status import TERMINAL_STATES
 from django_taskclaim.recovery.prune import parse_age, prune_models

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from django_taskclaim.config.options import resolve_model
+from django_taskclaim.config.discovery import resolve_model
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.ops.figures import format_snapshot, snapshot
 

@@ -1,11 +1,79 @@
-"""``manage.py worker``: the same command as ``taskclaim_worker``.
+"""``manage.py worker [app_label.Model ...]``: run workers for claimable models.
 
-If another installed app also ships a ``worker`` command, Django runs the one of the app
-listed first in ``INSTALLED_APPS``; ``taskclaim_worker`` always reaches this one.
+Parse (the options of :data:`django_taskclaim.worker.options.OPTIONS`), validate
+(:func:`django_taskclaim.worker.fleet.plan`, the schema), call (one
+:class:`~django_taskclaim.worker.Worker`, or the supervisor). ``manage.py taskclaim_worker``
+is an alias of this command.
 """
 
-from django_taskclaim.management.commands.taskclaim_worker import Command as WorkerCommand
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
+
+from django_taskclaim.checks.core import TAG
+from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.management.verbosity import configure_logging
+from django_taskclaim.worker import EXIT_GRACE_EXPIRED, EXIT_OK, Worker
+from django_taskclaim.worker.fleet import plan
+from django_taskclaim.worker.options import add_arguments, from_command_line
+from django_taskclaim.worker.preflight import check_now
+from django_taskclaim.worker.supervisor import supervise
 
 
-class Command(WorkerCommand):
-    help = "Alias of taskclaim_worker. " + WorkerCommand.help
+class Command(BaseCommand):
+    help = (
+        "Run a worker that claims and processes rows of claimable models "
+        "(default: every claimable model with a processing entry point). "
+        "Exit codes: 0 stopped cleanly, 1 invalid configuration, 2 usage error, "
+        "3 tasks still running after --grace, 4 second signal, 5 executors kept crashing, "
+        "6 --burst gave up on a database that kept failing."
+    )
+    # Only django-taskclaim's own checks run at start (see handle()): the whole project's
+    # load the migration machinery and every configured database backend, which a
+    # long-running worker would then carry for nothing (about 3 MB, and start-up time).
+    requires_system_checks: list[str] = []
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("models", nargs="*", metavar="app_label.Model")
+        add_arguments(parser)  # every option of worker.options.OPTIONS
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        configure_logging(int(options["verbosity"]))
+        self.check(tags=[TAG])  # settings, claim options, poolers: SystemCheckError if wrong
+        supervised = options["processes"] is not None
+        try:
+            configs = plan(options["models"], options["database"], **from_command_line(options))
+        except ConfigurationError as exc:
+            raise CommandError(str(exc)) from None
+        # The schema checked once here, before any process starts (each worker checks
+        # again once its database answers, which covers a database down just now).
+        problem = check_now(configs)
+        if problem is not None:
+            raise CommandError(problem)
+        config = configs[0]
+        if supervised or len(configs) > 1:
+            code = supervise(configs, config.processes, self._say)
+        else:
+            worker = Worker(config)
+            code = worker.run(lambda: self._say(worker.describe()))
+            if config.burst and code == EXIT_OK:
+                try:
+                    self._say(worker.leftover())
+                except DatabaseError:
+                    pass  # the summary is a courtesy; the run itself succeeded
+        if code == EXIT_GRACE_EXPIRED:
+            # Threads still run user code: do not wait for them at interpreter exit.
+            self.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        if code != EXIT_OK:
+            sys.exit(code)
+
+    def _say(self, line: str) -> None:
+        self.stdout.write(line)
+        self.stdout.flush()

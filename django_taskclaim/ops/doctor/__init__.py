@@ -24,7 +24,8 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, router
 
-from django_taskclaim.config.options import claimable_models, get_options, is_claimable
+from django_taskclaim.config.discovery import claimable_models, is_claimable
+from django_taskclaim.config.options import get_options
 from django_taskclaim.exceptions import TaskClaimError
 from django_taskclaim.models import WorkerProcess
 from django_taskclaim.ops.doctor import database, indexes, queues, schema

@@ -19,10 +19,10 @@ from django_taskclaim.checks.locks import pooler_messages
 from django_taskclaim.config import bounds
 from django_taskclaim.config.options import get_options
 from django_taskclaim.config.settings import taskclaim_settings
+from django_taskclaim.db import db_now
 from django_taskclaim.exceptions import LockUsageError, TaskClaimError
-from django_taskclaim.locks.advisory import _refuse_if_proxied
-from django_taskclaim.ops.doctor.findings import BAD_OPTION_FIX, Finding, Thresholds, one_line
-from django_taskclaim.ops.figures import db_now
+from django_taskclaim.locks.advisory_lock import refuse_if_proxied
+from django_taskclaim.ops.doctor.findings import BAD_OPTION_FIX, Finding, Thresholds, first_line
 from django_taskclaim.wakeup.trigger import trigger_state
 
 REACHABLE, POOLER, PROXY, CLOCK, HEARTBEAT, DURABLE, TRIGGER = (
@@ -51,7 +51,7 @@ def reachable(alias: str) -> Finding:
             "error",
             alias,
             f"database {alias!r} cannot be reached",
-            detail=one_line(exc),
+            detail=first_line(exc),
             fix=f"Check DATABASES[{alias!r}] (HOST, PORT, NAME, USER, PASSWORD) and that "
             "the server runs and accepts connections from this host.",
         )
@@ -93,7 +93,7 @@ def pooler(alias: str, *, connected: bool) -> list[Finding]:
         found.append(Finding(POOLER, "ok", alias, f"TASKCLAIM_POOLER_MODE is {mode!r}"))
     if connected and mode is None:
         try:
-            _refuse_if_proxied(conn, sql)
+            refuse_if_proxied(conn, sql)
         except LockUsageError as exc:
             found.append(
                 Finding(
@@ -242,7 +242,7 @@ def heartbeat(model: Any, alias: str) -> Finding:
             alias,
             "the claim options are invalid",
             label,
-            detail=one_line(exc),
+            detail=first_line(exc),
             fix=BAD_OPTION_FIX,
         )
     message = heartbeat_problem(model, lease)

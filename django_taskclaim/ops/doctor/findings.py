@@ -88,7 +88,7 @@ def exit_code(findings: Iterable[Finding], *, fail_on: Severity = "warning") -> 
     return 0
 
 
-def one_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     """The first line of an error's text (its class name when it has none)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -120,7 +120,7 @@ def guarded(
                 database,
                 f"{what}: the check failed",
                 model,
-                detail=one_line(exc),
+                detail=first_line(exc),
                 fix=CHECK_FAILED_FIX,
             )
         ]
@@ -132,7 +132,7 @@ def guarded(
                 database,
                 f"{what}: an option is invalid",
                 model,
-                detail=one_line(exc),
+                detail=first_line(exc),
                 fix=BAD_OPTION_FIX,
             )
         ]

@@ -6,13 +6,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
-from django_taskclaim.checks.core import claim_index_present
-from django_taskclaim.claim import candidates, compile_queryset
+from django_taskclaim.claim.base import candidates
+from django_taskclaim.claim.statements import compile_queryset
 from django_taskclaim.config import bounds
-from django_taskclaim.config.settings import taskclaim_settings
+from django_taskclaim.config.settings import BOUNDS, taskclaim_settings
+from django_taskclaim.model.indexes import (
+    claim_columns_serve,
+    claim_index_text,
+    lease_columns_serve,
+    lease_index_text,
+    serves_claim,
+    serves_lease,
+)
 from django_taskclaim.ops.doctor.context import ModelContext
 from django_taskclaim.ops.doctor.findings import Finding
 
@@ -22,24 +29,13 @@ CLAIM_INDEX, CLAIM_PLAN, LEASE_INDEX, LEASE_PLAN = ("TC-D010", "TC-D011", "TC-D0
 def declared_claim_index(model: Any, status_field: str) -> Any | None:
     """The first of ``Meta.indexes`` that system check ``taskclaim.W001`` counts as
     serving the claim query, or ``None``."""
-    for index in model._meta.indexes:
-        alone = SimpleNamespace(_meta=SimpleNamespace(indexes=[index]))
-        if claim_index_present(alone, status_field):
-            return index
-    return None
+    return next((i for i in model._meta.indexes if serves_claim(i, status_field)), None)
 
 
 def declared_lease_index(model: Any, status_field: str) -> Any | None:
     """The first of ``Meta.indexes`` led by ``locked_until`` (partial on the status or
     plain) or by the status then ``locked_until``: the reap query's index, or ``None``."""
-    for index in model._meta.indexes:
-        names = [f.lstrip("-") for f in getattr(index, "fields", ())]
-        condition = getattr(index, "condition", None)
-        if names[:1] == ["locked_until"] and (condition is None or status_field in str(condition)):
-            return index
-        if names[:2] == [status_field, "locked_until"]:
-            return index
-    return None
+    return next((i for i in model._meta.indexes if serves_lease(i, status_field)), None)
 
 
 def database_indexes(ctx: ModelContext) -> dict[str, list[str]]:
@@ -68,7 +64,7 @@ def claim_query(ctx: ModelContext) -> Any:
 def reap_query(ctx: ModelContext) -> Any:
     """The SELECT of one reap batch: pks of expired leases, ``TASKCLAIM_REAP_BATCH`` at most."""
     batch = bounds.number(
-        taskclaim_settings.REAP_BATCH, "TASKCLAIM_REAP_BATCH", bounds.SETTINGS["REAP_BATCH"]
+        taskclaim_settings.REAP_BATCH, "TASKCLAIM_REAP_BATCH", BOUNDS["REAP_BATCH"]
     )
     return ctx.rows().expired().order_by().values_list("pk", flat=True)[:batch]
 
@@ -84,36 +80,31 @@ def _field_list(ctx: ModelContext) -> list[str]:
 
 
 def _claim_suggestion(ctx: ModelContext, partial: bool) -> str:
-    status = ctx.opts.status_field
-    name = f"{ctx.table[:21]}_claim_st"
-    if partial:
-        ready = ctx.opts.value("ready")
-        return (
-            f"models.Index(fields={_field_list(ctx)!r}, condition=models.Q({status}={ready!r}), "
-            f'name="{name}")'
-        )
-    return f'models.Index(fields={[status, *_field_list(ctx)]!r}, name="{name}")'
+    return claim_index_text(
+        _field_list(ctx),
+        status_field=ctx.opts.status_field,
+        ready=ctx.opts.value("ready"),
+        name=f"{ctx.table[:21]}_claim_st",
+        partial=partial,
+    )
 
 
 def _lease_suggestion(ctx: ModelContext, partial: bool) -> str:
-    status = ctx.opts.status_field
-    name = f"{ctx.table[:21]}_lease_st"
-    if partial:
-        processing = ctx.opts.value("processing")
-        return (
-            f"models.Index(fields=['locked_until'], condition=models.Q({status}="
-            f'{processing!r}), name="{name}")'
-        )
-    return f'models.Index(fields={[status, "locked_until"]!r}, name="{name}")'
+    return lease_index_text(
+        status_field=ctx.opts.status_field,
+        processing=ctx.opts.value("processing"),
+        name=f"{ctx.table[:21]}_lease_st",
+        partial=partial,
+    )
 
 
 def _claim_serves(columns: list[str], ctx: ModelContext) -> bool:
-    return columns[:1] == [ctx.opts.status_column]
+    return claim_columns_serve(columns, ctx.opts.status_column)
 
 
 def _lease_serves(columns: list[str], ctx: ModelContext) -> bool:
     until = str(ctx.model._meta.get_field("locked_until").column)
-    return columns[:1] == [until] or columns[:2] == [ctx.opts.status_column, until]
+    return lease_columns_serve(columns, ctx.opts.status_column, until)
 
 
 @dataclass(frozen=True)

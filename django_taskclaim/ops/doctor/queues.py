@@ -8,18 +8,14 @@ from datetime import timedelta
 from django.db import DEFAULT_DB_ALIAS
 
 from django_taskclaim.config import bounds
-from django_taskclaim.config.settings import taskclaim_settings
+from django_taskclaim.config.settings import BOUNDS, taskclaim_settings
 from django_taskclaim.db import DbNow
 from django_taskclaim.models import WorkerProcess
 from django_taskclaim.ops.doctor.context import ModelContext
 from django_taskclaim.ops.doctor.findings import Finding, duration_option, human_bytes
-from django_taskclaim.ops.figures import (
-    humanize_seconds,
-    live_workers,
-    silent_after,
-    silent_worker_q,
-)
+from django_taskclaim.ops.figures import humanize_seconds, live_workers
 from django_taskclaim.recovery.prune import prune
+from django_taskclaim.rules import silent_after, silent_worker_q
 
 READY_AGE, NOT_REAPED, FAILED, SILENT, PRUNE = (
     "TC-D020",
@@ -68,7 +64,7 @@ def not_reaped(ctx: ModelContext) -> Finding:
         bounds.number(
             taskclaim_settings.REAP_INTERVAL,
             "TASKCLAIM_REAP_INTERVAL",
-            bounds.SETTINGS["REAP_INTERVAL"],
+            BOUNDS["REAP_INTERVAL"],
         )
     )
     grace = ctx.limits.reap_grace_intervals * interval

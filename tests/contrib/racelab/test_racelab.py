@@ -17,7 +17,7 @@ from django.apps import apps
 from django.core.management import CommandError, call_command, get_commands
 from django.db import connection
 
-from django_taskclaim.config.options import claimable_models, is_claimable, resolve_model
+from django_taskclaim.config.discovery import claimable_models, is_claimable, resolve_model
 from django_taskclaim.contrib.racelab.apps import RaceLabConfig
 from django_taskclaim.contrib.racelab.lab import RaceLab
 from django_taskclaim.contrib.racelab.models import LAB_MODELS, LabBatchLock, LabTask
@@ -244,7 +244,7 @@ def test_the_library_works_without_the_lab_app(tmp_path):
     modules = ("worker", "model.queryset", "admin", "models", "recovery.reap", "ops.figures")
     for module in (*modules, "checks.core"):
         assert f"django_taskclaim.{module}" in report["imported"]
-    assert "django_taskclaim.management.commands.taskclaim_worker" in report["imported"]
+    assert "django_taskclaim.management.commands.worker" in report["imported"]
     assert report["loaded"] == [], "the runtime package imported the race lab"
     assert "taskclaim_worker" in report["commands"]
     assert "taskclaim_racelab" not in report["commands"]

@@ -26,9 +26,9 @@ from django.tasks.signals import task_enqueued
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
+from django_taskclaim.checks.unique import check_unique_keys
 from django_taskclaim.contrib.tasks import aenqueue_unique, enqueue_unique, unique_key_for
 from django_taskclaim.contrib.tasks.models import QueuedTask
-from django_taskclaim.model.unique import check_unique_keys
 from django_taskclaim.settle.outcome import run_task
 from tests.support import tasks_examples as ex
 

@@ -21,7 +21,8 @@ from django.db.models import Model
 from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.locks import LeaseLock
 from django_taskclaim.recovery.reap import recover
-from django_taskclaim.worker.dbconn import close, one_line
+from django_taskclaim.worker.dbconn import close
+from django_taskclaim.worker.service import Service, one_line
 
 logger = logging.getLogger("django_taskclaim.worker")
 
@@ -39,7 +40,12 @@ def first_wait(interval: float) -> float:
     return min(random.uniform(*FIRST_REAP), interval * random.uniform(0.8, 1.2))
 
 
-class Reaping(threading.Thread):
+class Reaping(Service):
+    """Reap every ``TASKCLAIM_REAP_INTERVAL`` (jittered; the first soon after start)
+    until stopped; nothing while the worker is ``stopping``. A database error is logged
+    once per outage and retried at the next interval, any other error logged with its
+    traceback: the thread never dies of it."""
+
     def __init__(
         self,
         models: list[type[Model]],
@@ -47,39 +53,33 @@ class Reaping(threading.Thread):
         using: str,
         lock_db: str,
         worker_id: str,
-        halt: threading.Event,
+        halt: threading.Event | None = None,
         stopping: threading.Event,
         on_requeued: Callable[[], None],
     ) -> None:
-        super().__init__(name="taskclaim-reaper", daemon=True)
+        super().__init__(
+            "taskclaim-reaper", worker_id=worker_id, using=using, halt=halt, databases=(lock_db,)
+        )
         self.models = models
-        self.using = using
         self.lock_db = lock_db
-        self.worker_id = worker_id
-        self.halt = halt
         self.stopping = stopping
         self.on_requeued = on_requeued
 
-    def run(self) -> None:
-        failures = 0
+    def loop(self) -> None:
         first = True
         while True:
             interval = float(taskclaim_settings.REAP_INTERVAL)
             wait = first_wait(interval) if first else interval * random.uniform(0.8, 1.2)
             first = False
-            if self.halt.wait(wait):
+            if self.wait(wait):
                 break
             if self.stopping.is_set():
                 continue
             try:
                 self.once(interval)
-                failures = 0
+                self.recovered()
             except DatabaseError as exc:
-                failures += 1
-                log = logger.warning if failures == 1 else logger.debug
-                log("periodic reap failed worker=%s error=%s", self.worker_id, one_line(exc))
-                close(self.using)
-                close(self.lock_db)
+                self.failed(exc, "periodic reap failed worker=%s error=%s", self.worker_id)
             except Exception as exc:
                 logger.error(
                     "periodic reap failed worker=%s error=%s",
@@ -87,8 +87,6 @@ class Reaping(threading.Thread):
                     one_line(exc),
                     exc_info=exc,
                 )
-        close(self.using)
-        close(self.lock_db)
 
     def once(self, interval: float) -> None:
         """Reap unless another worker did within ``interval`` (the lock is not released:

@@ -35,77 +35,71 @@ from django.db.models import Model
 from django_taskclaim.config.options import get_options
 from django_taskclaim.model.queryset import ClaimQuerySet
 from django_taskclaim.settle.outcome import cancel_flag
-from django_taskclaim.worker.acks import Acks
-from django_taskclaim.worker.dbconn import close, one_line
 from django_taskclaim.worker.ledger import Ledger
-from django_taskclaim.worker.registry import REGISTRY_INTERVAL, Registry
+from django_taskclaim.worker.maintenance.registry import REGISTRY_INTERVAL, Registry
+from django_taskclaim.worker.service import Service
 
 logger = logging.getLogger("django_taskclaim.worker")
 
 
-class Heartbeat(threading.Thread):
+class Heartbeat(Service):
     def __init__(
         self,
         ledger: Ledger,
-        acks: Acks,
         registry: Registry,
         *,
         interval: float,
         lease_for: Callable[[type[Model]], float],
         using: str,
         worker_id: str,
-        halt: threading.Event,
+        halt: threading.Event | None = None,
         on_lost: Callable[[Any], None] | None = None,
     ) -> None:
-        super().__init__(name="taskclaim-heartbeat", daemon=True)
+        super().__init__(
+            "taskclaim-heartbeat",
+            worker_id=worker_id,
+            using=using,
+            halt=halt,
+            databases=(registry.db,),
+        )
         self.on_lost = on_lost
         self.ledger = ledger
-        self.acks = acks
         self.registry = registry
         self.interval = interval
         self.lease_for = lease_for
-        self.using = using
-        self.worker_id = worker_id
-        self.halt = halt
         #: id(task) → (the task, monotonic time by which its lease surely still runs).
         self._until: dict[int, tuple[Any, float]] = {}
 
-    def run(self) -> None:
-        failures = 0
+    def loop(self) -> None:
+        """Beat every ``interval``, touch the registry in between; never dies: an error
+        is logged (warn once per outage, an unexpected one always, with its traceback)
+        and the next beat comes sooner — never later than one interval, so that leases
+        that could not be renewed are still watched in time (:meth:`stop_lapsing`)."""
         interval = self.interval
         touch_every = min(interval, REGISTRY_INTERVAL)
         next_beat = time.monotonic() + interval
         next_touch = time.monotonic() + touch_every
-        while not self.halt.wait(max(0.0, min(next_beat, next_touch) - time.monotonic())):
+        while not self.wait(min(next_beat, next_touch) - time.monotonic()):
             try:  # this thread never dies: leases of running tasks depend on it
                 now = time.monotonic()
                 if now >= next_beat:
                     self.beat()
                     next_beat = time.monotonic() + interval
                     next_touch = time.monotonic() + touch_every
-                    if failures:
-                        logger.info("heartbeat resumed worker=%s", self.worker_id)
-                    failures = 0
+                    self.recovered("heartbeat resumed worker=%s", self.worker_id)
                 elif now >= next_touch:
                     self.registry.touch()
                     next_touch = time.monotonic() + touch_every
             except Exception as exc:
-                failures += 1
-                trouble = isinstance(exc, DatabaseError)
-                log = logger.warning if failures == 1 or not trouble else logger.debug
-                log(
+                self.failed(
+                    exc,
                     "heartbeat failed worker=%s error=%s",
                     self.worker_id,
-                    one_line(exc),
-                    exc_info=None if trouble else exc,
+                    always_warn=not isinstance(exc, DatabaseError),
                 )
-                close(self.using)
-                close(self.registry.db)
-                next_beat = time.monotonic() + min(interval, 1.0)
+                next_beat = time.monotonic() + min(interval, self.retry_delay())
                 next_touch = next_beat
             self.stop_lapsing()
-        close(self.using)
-        close(self.registry.db)
 
     def beat(self) -> None:
         """Renew every held lease (one transaction per model; rows locked by another

@@ -17,9 +17,9 @@ import threading
 from django.db import DatabaseError
 from django.db.models import Model
 
-from django_taskclaim.ops.figures import db_now
+from django_taskclaim.db import db_now
 from django_taskclaim.periodic import discover, schedules
-from django_taskclaim.worker.dbconn import backoff, close, one_line
+from django_taskclaim.worker.service import Service, one_line
 
 logger = logging.getLogger("django_taskclaim.worker")
 
@@ -31,7 +31,7 @@ MIN_SLEEP = 0.01
 JITTER = 0.1
 
 
-class Scheduler(threading.Thread):
+class Scheduler(Service):
     """Enqueue the due slots of this process's schedules until ``halt`` or ``stopping``."""
 
     def __init__(
@@ -39,11 +39,11 @@ class Scheduler(threading.Thread):
         *,
         using: str,
         worker_id: str,
-        halt: threading.Event,
+        halt: threading.Event | None = None,
         stopping: threading.Event,
         served: list[type[Model]],
     ) -> None:
-        super().__init__(name="taskclaim-scheduler", daemon=True)
+        super().__init__("taskclaim-scheduler", worker_id=worker_id, using=using, halt=halt)
         from django_taskclaim.periodic.slots import (
             Planner,  # deferred: models need the app registry
         )
@@ -51,13 +51,10 @@ class Scheduler(threading.Thread):
         discover()
         self.schedules = schedules()
         self.planner = Planner(self.schedules, using=using, by=worker_id)
-        self.using = using
-        self.worker_id = worker_id
-        self.halt = halt
         self.stopping = stopping
         self.served = {m._meta.label for m in served}
 
-    def run(self) -> None:
+    def loop(self) -> None:
         """Tick until stopped; a database outage is logged once and retried with
         backoff, any other error logged with its traceback: the thread never dies of it."""
         if not self.schedules:
@@ -75,19 +72,15 @@ class Scheduler(threading.Thread):
                 self.worker_id,
                 ",".join(sorted(unserved)),
             )
-        failures = 0
-        while not self.halt.is_set() and not self.stopping.is_set():
+        while not self.stopped and not self.stopping.is_set():
             try:
                 delay = self.once()
-                if failures:
-                    logger.info("scheduler reconnected worker=%s", self.worker_id)
-                failures = 0
+                self.recovered("scheduler reconnected worker=%s", self.worker_id)
             except DatabaseError as exc:
-                failures += 1
-                log = logger.warning if failures == 1 else logger.debug
-                log("scheduler failed worker=%s error=%s", self.worker_id, one_line(exc))
-                close(self.using)
-                delay = backoff(failures)
+                self.failed(exc, "scheduler failed worker=%s error=%s", self.worker_id)
+                if self.wait_to_retry(self.retry_delay()):
+                    break
+                continue
             except Exception as exc:
                 logger.error(
                     "scheduler failed worker=%s error=%s",
@@ -96,9 +89,8 @@ class Scheduler(threading.Thread):
                     exc_info=exc,
                 )
                 delay = MAX_SLEEP
-            if self.halt.wait(delay):
+            if self.wait(delay):
                 break
-        close(self.using)
 
     def once(self) -> float:
         """Enqueue what is due now (database clock); return seconds until the next

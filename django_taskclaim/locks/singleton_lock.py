@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, Literal, TypeVar, cast
 
 from django_taskclaim.exceptions import LockNotAcquired, LockUsageError
-from django_taskclaim.locks.advisory import AdvisoryLock
+from django_taskclaim.locks.advisory_lock import AdvisoryLock
 from django_taskclaim.locks.keys import dotted_path, normalize_key, validate_lease_key
 from django_taskclaim.locks.lease import LeaseLock, validate_ttl
 

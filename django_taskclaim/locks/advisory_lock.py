@@ -148,7 +148,7 @@ class AdvisoryLock:
             )
         if not self.xact and sql.pooler_mode_applies:
             if taskclaim_settings.POOLER_MODE is None:
-                _refuse_if_proxied(conn, sql)
+                refuse_if_proxied(conn, sql)
             if taskclaim_settings.POOLER_MODE == "transaction":
                 raise LockUsageError(
                     "session-scope advisory locks (xact=False) are refused because "
@@ -274,7 +274,7 @@ class AdvisoryLock:
         return None
 
 
-def _refuse_if_proxied(conn: Any, sql: DatabaseSQL) -> None:
+def refuse_if_proxied(conn: Any, sql: DatabaseSQL) -> None:
     """Refuse session locks when something sits between Django and PostgreSQL.
 
     PostgreSQL reports the port it accepted the connection on (``inet_server_port()``);

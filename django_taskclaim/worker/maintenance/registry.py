@@ -1,5 +1,6 @@
 """The worker registry: one :class:`~django_taskclaim.models.WorkerProcess` row per
-worker, refreshed by the heartbeat thread, for operators (admin, stats).
+worker, refreshed by the heartbeat thread (:mod:`.heartbeat`, its only caller while the
+worker runs), for operators (admin, stats). Not a thread itself.
 
 Display only: silence in the registry is never proof of death, and no row is taken from
 a silent worker before its lease ends (NO EARLY RE-RUN).
@@ -17,12 +18,11 @@ from django.db import DatabaseError, router
 from django.db.models import Model
 
 from django_taskclaim.db import DbNow
-from django_taskclaim.ops.figures import live_worker_q, silent_worker_q
-from django_taskclaim.ops.figures import (
-    silent_after as silent_after,  # re-exported by the worker package
-)
-from django_taskclaim.worker.dbconn import close, connection_trouble, one_line
+from django_taskclaim.rules import live_worker_q, silent_worker_q
+from django_taskclaim.rules import silent_after as silent_after
+from django_taskclaim.worker.dbconn import close, connection_trouble
 from django_taskclaim.worker.ledger import Ledger
+from django_taskclaim.worker.service import one_line
 
 logger = logging.getLogger("django_taskclaim.worker")
 

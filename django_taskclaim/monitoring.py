@@ -1,0 +1,10 @@
+"""Deprecated (removed in 0.2): ``from django_taskclaim import db_now``
+(:mod:`django_taskclaim.deprecation`)."""
+
+from django_taskclaim.deprecation import moved_names
+
+__getattr__ = moved_names(
+    "django_taskclaim.monitoring",
+    "django_taskclaim.ops.figures",
+    {"db_now": "django_taskclaim.db"},
+)
