@@ -13,15 +13,16 @@ to a broker at least once, in order per key.
   :mod:`.rabbitmq` (``pika``), :mod:`.nats` (``nats-py``), :mod:`.kafka` (untested);
   :mod:`.brokers` — them by name (``make_publisher``).
 
-This package re-exports only the names ``docs/outbox.md`` shows from it
-(``OutboxMessage``, ``publish``, ``Relay``, ``Publisher``); import the rest from its module.
+This package names what a user writes (``OutboxMessage``, ``publish``, ``Relay``, and
+for a publisher of one's own ``Publisher``, ``PublishError``, ``MessagesRejected``);
+import the rest from its module.
 """
 
 from __future__ import annotations
 
 from django_taskclaim.outbox.models import OutboxMessage
-from django_taskclaim.outbox.publisher import Publisher
+from django_taskclaim.outbox.publisher import MessagesRejected, Publisher, PublishError
 from django_taskclaim.outbox.relay import Relay
 from django_taskclaim.outbox.write import publish
 
-__all__ = ["OutboxMessage", "Publisher", "Relay", "publish"]
+__all__ = ["MessagesRejected", "OutboxMessage", "PublishError", "Publisher", "Relay", "publish"]

@@ -40,6 +40,26 @@ def documented_imports() -> list[tuple[str, str, str]]:
 
 DOCUMENTED = documented_imports()
 
+
+def _needs_missing_app(module: str) -> str | None:
+    """The contrib app ``module`` belongs to when that app is not installed: importing
+    its models would register them under this app and leave them there for every later
+    test of the process (run it in the pass whose settings install the app)."""
+    from django.apps import apps
+
+    for app in ("django_taskclaim.contrib.tasks", "django_taskclaim.contrib.racelab"):
+        if (module == app or module.startswith(app + ".")) and not apps.is_installed(app):
+            return app
+    return None
+
+
+def _import(module: str) -> object:
+    app = _needs_missing_app(module)
+    if app is not None:
+        pytest.skip(f"{app} is not installed in these settings (checked in its own pass)")
+    return importlib.import_module(module)
+
+
 #: The public paths users write (beside the names above), and a few names of each.
 PUBLIC = {
     "django_taskclaim.models": ["ClaimableModel", "ClaimableMixin", "ClaimFieldsMixin"],
@@ -49,7 +69,7 @@ PUBLIC = {
     "django_taskclaim.contrib.tasks": ["enqueue_unique"],
     "django_taskclaim.contrib.tasks.backend": ["TaskClaimBackend"],
     "django_taskclaim.contrib.tasks.models": ["QueuedTask"],
-    "django_taskclaim.outbox": ["OutboxMessage"],
+    "django_taskclaim.outbox": ["OutboxMessage", "Publisher", "PublishError", "MessagesRejected"],
     "django_taskclaim.periodic": ["periodic"],
     "django_taskclaim.db": ["DbNow", "db_now"],
 }
@@ -77,7 +97,7 @@ def test_the_docs_import_something():
 def test_each_documented_import_works(page, module, name):
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)  # the docs name no moved path
-        assert getattr(importlib.import_module(module), name) is not None, f"{page}"
+        assert getattr(_import(module), name) is not None, f"{page}"
 
 
 @pytest.mark.parametrize("name", django_taskclaim.__all__)
@@ -87,7 +107,7 @@ def test_every_name_of_the_package_resolves(name):
 
 @pytest.mark.parametrize(("module", "name"), [(m, n) for m, names in PUBLIC.items() for n in names])
 def test_the_public_paths(module, name):
-    assert getattr(importlib.import_module(module), name) is not None
+    assert getattr(_import(module), name) is not None
 
 
 @pytest.mark.parametrize(("module", "name"), [(m, n) for m, names in MOVED.items() for n in names])
