@@ -34,6 +34,7 @@ __all__ = [
     "Lease",
     "PeriodicRun",
     "PeriodicSlot",
+    "QueuePause",
     "ScheduleFieldsMixin",
     "StatusFieldMixin",
     "TimestampFieldsMixin",
@@ -86,6 +87,31 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+class QueuePause(models.Model):
+    """A paused queue: no claim takes a ``ready`` row of ``model`` (an ``app_label.Model``
+    label) — of the queue ``queue`` only, or of every queue when ``queue`` is ``""``
+    — while this row exists. Resuming deletes it. Rows already ``processing`` finish
+    normally. ``paused_by`` / ``paused_at`` say who paused it and when (database clock).
+    """
+
+    model = models.CharField(_("model"), max_length=255)
+    queue = models.CharField(_("queue"), max_length=255, blank=True, default="")
+    paused_at = models.DateTimeField(_("paused at"), db_default=DbNow())
+    paused_by = models.CharField(_("paused by"), max_length=255, blank=True, default="")
+    reason = models.CharField(_("reason"), max_length=255, blank=True, default="")
+
+    class Meta:
+        verbose_name = _("paused queue")
+        verbose_name_plural = _("paused queues")
+        ordering = ["model", "queue"]
+        constraints = [
+            models.UniqueConstraint(fields=["model", "queue"], name="taskclaim_pause_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} queue={self.queue}" if self.queue else self.model
 
 
 class PeriodicSlot(models.Model):
