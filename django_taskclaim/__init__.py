@@ -73,6 +73,11 @@ _LAZY = {
     "ActiveKeyField": "django_taskclaim.model.unique",
     "insert_unique": "django_taskclaim.model.unique_insert",
     "UniqueKeyRaceError": "django_taskclaim.model.unique_insert",
+    # flow control
+    "pause": "django_taskclaim.flow.pause",
+    "resume": "django_taskclaim.flow.pause",
+    "paused": "django_taskclaim.flow.pause",
+    "is_paused": "django_taskclaim.flow.pause",
 }
 
 __all__ = [
@@ -119,12 +124,16 @@ __all__ = [
     "db_now",
     "get_options",
     "insert_unique",
+    "is_paused",
     "lease_lock",
     "notify",
+    "pause",
+    "paused",
     "processing_key",
     "reap",
     "recover",
     "release_worker",
+    "resume",
     "run_task",
     "singleton",
 ]

@@ -35,8 +35,10 @@ __all__ = [
     "PeriodicRun",
     "PeriodicSlot",
     "QueuePause",
+    "RateSlot",
     "ScheduleFieldsMixin",
     "StatusFieldMixin",
+    "TaskHistory",
     "TimestampFieldsMixin",
     "WorkerProcess",
     "claim_indexes",
@@ -112,6 +114,67 @@ class QueuePause(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model} queue={self.queue}" if self.queue else self.model
+
+
+class RateSlot(models.Model):
+    """One slot of a rate limit's ring: ``N`` rows per limited scope (``model``, an
+    ``app_label.Model`` label, and ``scope``: ``""`` for the whole model, else
+    ``queue:<name>`` or ``key:<value>``), each holding the claim time (database clock)
+    of the last task start that used it. A claim takes one slot per row it claims, only
+    a slot whose ``last_start`` is more than one window old, and writes its own claim
+    time there in the same transaction: at most ``N`` starts in any window, and nothing
+    to release (a killed worker leaks no slot). Created on first use (docs/rate-limits.md).
+    """
+
+    model = models.CharField(_("model"), max_length=255)
+    scope = models.CharField(_("scope"), max_length=255, blank=True, default="")
+    slot = models.PositiveIntegerField(_("slot"))
+    last_start = models.DateTimeField(_("last start"))
+
+    class Meta:
+        verbose_name = _("rate limit slot")
+        verbose_name_plural = _("rate limit slots")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["model", "scope", "slot"], name="taskclaim_rate_slot_once"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["model", "scope", "last_start"], name="taskclaim_rate_free")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} {self.scope or '*'} #{self.slot}"
+
+
+class TaskHistory(models.Model):
+    """Attempts that ended ``done`` / ``failed`` in one minute (database clock, UTC), per
+    claimable model (``model``, an ``app_label.Model`` label) and queue (``queue``,
+    ``""`` for a model without queues): what the admin's charts and its "done, last N
+    min" figures read instead of scanning the finished rows. Written by the workers
+    (counted in memory, added with one upsert per heartbeat:
+    :mod:`django_taskclaim.worker.history`), never per task; rows finished outside a
+    worker are not counted.
+    Rows older than 7 days are deleted (docs/admin.md, "Charts")."""
+
+    model = models.CharField(_("model"), max_length=255)
+    queue = models.CharField(_("queue"), max_length=255, blank=True, default="")
+    minute = models.DateTimeField(_("minute"))
+    done = models.PositiveBigIntegerField(_("done"), default=0)
+    failed = models.PositiveBigIntegerField(_("failed"), default=0)
+
+    class Meta:
+        verbose_name = _("task history minute")
+        verbose_name_plural = _("task history")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["model", "queue", "minute"], name="taskclaim_history_once"
+            )
+        ]
+        indexes = [models.Index(fields=["model", "minute"], name="taskclaim_history_model")]
+
+    def __str__(self) -> str:
+        return f"{self.model} {self.queue or '*'} @ {self.minute:%Y-%m-%d %H:%M}"
 
 
 class PeriodicSlot(models.Model):

@@ -7,6 +7,8 @@
 #                          group "test"; default "tools": tests + linters + build tools)
 #   BOOTSTRAP_MYSQL=no     never try mysqlclient (default: install it when the MariaDB
 #                          client headers are there)
+#   BOOTSTRAP_FOR=demo     the same installation, without the lines that only matter to
+#                          the tests (MariaDB/mysqlclient, Spin): what `make demo` sets
 #
 # Idempotent: a second run re-installs only when pyproject.toml, the group, the extra
 # specs or the presence of the MariaDB client headers changed.
@@ -16,7 +18,11 @@ venv=${1:-"$here/.venv"}
 shift || true
 group=${BOOTSTRAP_GROUP:-tools}
 want_mysql=${BOOTSTRAP_MYSQL:-yes}
+for_demo=no
+if [ "${BOOTSTRAP_FOR:-}" = demo ]; then for_demo=yes; fi
 say() { echo "bootstrap: $*" >&2; }
+# A line about what only the test-suite needs (the demo installs the same, silently).
+say_tests() { [ "$for_demo" = yes ] || say "$@"; }
 
 # pip, quietly, minus the noise of the machine-wide find-links; keeps pip's exit status.
 pipi() {
@@ -37,7 +43,7 @@ fi
 # Not Python packages: the protocol model check (tests/guarantees/test_protocol.py) needs Spin and a C
 # compiler (.ci/run installs them as root); without them it is skipped with the reason.
 if ! command -v spin >/dev/null || ! command -v gcc >/dev/null; then
-  say "spin or gcc missing: the protocol model check will be skipped; to add it: apt-get install spin gcc"
+  say_tests "spin or gcc missing: the protocol model check will be skipped; to add it: apt-get install spin gcc"
 fi
 
 # The stamp also records whether the MariaDB headers were there: installing them later
@@ -68,14 +74,14 @@ recorded=$headers
 if [ "$want_mysql" = yes ]; then
   if [ "$headers" = yes ]; then
     if ! "$venv/bin/python" -c "import MySQLdb" 2>/dev/null; then
-      say "MariaDB client headers found: building mysqlclient"
-      if ! (cd "$here" && pipi --group mysql); then
-        say "mysqlclient did not build (see above; a C compiler is needed too: apt-get install build-essential); MariaDB tests will be skipped, the next run tries again"
+      say_tests "MariaDB client headers found: building mysqlclient"
+      if ! (cd "$here" && if [ "$for_demo" = yes ]; then pipi --group mysql 2>/dev/null; else pipi --group mysql; fi); then
+        say_tests "mysqlclient did not build (see above; a C compiler is needed too: apt-get install build-essential); MariaDB tests will be skipped, the next run tries again"
         recorded=failed
       fi
     fi
   elif ! "$venv/bin/python" -c "import MySQLdb" 2>/dev/null; then
-    say "no MariaDB client headers, so no mysqlclient (the MariaDB test passes will be skipped); to add it: apt-get install libmariadb-dev pkg-config, then run this again"
+    say_tests "no MariaDB client headers, so no mysqlclient (the MariaDB test passes will be skipped); to add it: apt-get install libmariadb-dev pkg-config, then run this again"
   fi
 fi
 echo "$base-mariadb=$recorded" >"$stamp"

@@ -127,7 +127,7 @@ if [ -n "${TASKCLAIM_TESTS:-}" ]; then
 fi
 TASKS_TESTS=(-q --ds=tests.support.settings_tasks tests/contrib/tasks/test_tasks_backend.py
   tests/contrib/tasks/test_tasks_backend_worker.py tests/contrib/tasks/test_seams_tasks_backend.py
-  tests/unit/test_public_api.py)
+  tests/ops/test_metrics_queues.py tests/unit/test_public_api.py)
 wanted sqlite && run_pass sqlite "$py" TASKCLAIM_TEST_DB=sqlite -- "${MAIN_TESTS[@]}"
 wanted sqlite-tasks && run_pass sqlite-tasks "$py" TASKCLAIM_TEST_DB=sqlite -- "${TASKS_TESTS[@]}"
 wanted postgresql && run_pass postgresql "$py" TASKCLAIM_TEST_DB=postgres -- "${MAIN_TESTS[@]}"

@@ -14,11 +14,12 @@ from django.utils.translation import gettext_lazy as _
 
 from django_taskclaim.admin.display import humanize_seconds, site_by_name, state_label
 from django_taskclaim.admin.filters import ClaimStatusFilter, LeaseFilter
-from django_taskclaim.config.discovery import claimable_models
+from django_taskclaim.admin.pause import pause_form_context, pause_url, paused_rows
 from django_taskclaim.db import db_now
 from django_taskclaim.model.status import STATE_NAMES
 from django_taskclaim.models import WorkerProcess
 from django_taskclaim.ops.figures import ModelStats, live_workers, model_stats
+from django_taskclaim.ops.reported import reported_models
 from django_taskclaim.rules import silent_after
 
 __all__ = ["dashboard_context", "dashboard_view"]
@@ -52,20 +53,31 @@ def dashboard_context(request: HttpRequest, site: admin.AdminSite | None = None)
     ``get_queryset(request)``, so an admin that narrows its queryset (per tenant, per
     owner) never shows counts of rows it hides. A claimable model not registered on
     ``site`` is shown, over all its rows, to users with its view or change permission.
+    ``PeriodicRun`` is left out where no function is scheduled and no run exists
+    (:func:`~django_taskclaim.ops.reported.reported_models`). Paused queues are listed
+    with their ready backlog; the pause / resume form is offered only to users with the
+    change permission of a model.
+
+    Over all of a model's rows, no figure scans its finished rows
+    (:func:`~django_taskclaim.ops.figures.model_stats` with ``fast``): "done, last N
+    min" comes from the workers' per-minute history, and a large PostgreSQL table's
+    finished states are the planner's estimates (``cell["estimated"]``, shown with
+    "≈"); ``ready`` / ``processing`` / expired are always exact (docs/admin.md).
     """
     site = site or site_by_name(getattr(request, "current_app", None))
     visible = sorted(
-        (m for m in claimable_models() if _may_view(request, site, m)),
+        (m for m in reported_models() if _may_view(request, site, m)),
         key=lambda m: m._meta.label,
     )
     now = db_now()
+    pauses, paused_list = paused_rows(request, site, visible)
     rows = []
     for model in visible:
         model_admin = _model_admin(site, model)
         url = ""
         if model_admin is not None:
             queryset = model_admin.get_queryset(request)
-            stats = model_stats(model, using=queryset.db, queryset=queryset)
+            stats = model_stats(model, using=queryset.db, queryset=queryset, fast=True)
             try:
                 url = reverse(
                     f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist",
@@ -74,8 +86,10 @@ def dashboard_context(request: HttpRequest, site: admin.AdminSite | None = None)
             except NoReverseMatch:
                 url = ""
         else:
-            stats = model_stats(model)
-        rows.append(_dashboard_row(stats, url))
+            stats = model_stats(model, fast=True)
+        row = _dashboard_row(stats, url)
+        row["pause"] = pause_form_context(request, site, model, pauses=pauses)
+        rows.append(row)
     can_see_workers = _can_see(request, WorkerProcess)
     workers = [
         {**w.as_dict(), "seen_ago_text": humanize_seconds(w.seen_ago)}
@@ -93,6 +107,10 @@ def dashboard_context(request: HttpRequest, site: admin.AdminSite | None = None)
         "taskclaim_workers_url": workers_url,
         "taskclaim_now": now,
         "taskclaim_dead_after": silent_after(),
+        "taskclaim_paused": paused_list,
+        "taskclaim_pause_url": pause_url(site),
+        "taskclaim_can_pause": any(row["pause"]["can_change"] for row in rows),
+        "taskclaim_next": request.get_full_path(),
     }
 
 
@@ -105,6 +123,7 @@ def _dashboard_row(stats: ModelStats, url: str) -> dict[str, Any]:
                 "state": state,
                 "count": n,
                 "url": f"{url}?{ClaimStatusFilter.parameter_name}={state}" if url else "",
+                "estimated": state in stats.estimated,
             }
         )
     return {
@@ -120,6 +139,8 @@ def _dashboard_row(stats: ModelStats, url: str) -> dict[str, Any]:
         else "—",
         "done_5": stats.done_last.get(5),
         "done_60": stats.done_last.get(60),
+        "done_source": stats.done_source,
+        "estimated": bool(stats.estimated),
     }
 
 

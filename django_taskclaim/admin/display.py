@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.sites import all_sites
 from django.db import DEFAULT_DB_ALIAS
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from django_taskclaim.db import db_now
 from django_taskclaim.model.status import Status
@@ -19,6 +20,7 @@ __all__ = [
     "STYLESHEET",
     "annotated_now",
     "badge",
+    "dotted",
     "humanize_seconds",
     "site_by_name",
     "state_label",
@@ -45,6 +47,17 @@ def badge(state: str | None, text: Any = None) -> str:
         '<span class="taskclaim-badge taskclaim-{}">{}</span>',
         state or "unknown",
         text if text is not None else state_label(state or "?"),
+    )
+
+
+def dotted(path: str) -> str:
+    """HTML of a dotted path (``pkg.module.send_report``) that a narrow column may wrap
+    after a dot or an underscore, never elsewhere (a ``<wbr>`` after each). Escapes
+    ``path``."""
+    pieces = re.split(r"(?<=[._])", str(path))
+    return format_html(
+        '<span class="taskclaim-path">{}</span>',
+        format_html_join(format_html("<wbr>{}", ""), "{}", ((p,) for p in pieces if p)),
     )
 
 

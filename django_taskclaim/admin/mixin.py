@@ -1,5 +1,6 @@
 """``ClaimableAdminMixin``: the claim columns, filters, read-only claim state, the
-per-status summary and the actions on the admin of a claimable model of yours."""
+per-status summary, the pause form and the actions on the admin of a claimable model of
+yours, and the task buttons of its change page."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from django.contrib import admin
 from django.db import models
 from django.http import HttpRequest, HttpResponse
 from django.urls import NoReverseMatch, reverse
+from django.utils import dateformat, timezone
 from django.utils.html import format_html
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
@@ -25,6 +27,8 @@ from django_taskclaim.admin.display import (
     state_label,
 )
 from django_taskclaim.admin.filters import ClaimStatusFilter, ErrorFilter, LeaseFilter
+from django_taskclaim.admin.pause import pause_form_context
+from django_taskclaim.admin.task_page import TaskPageMixin
 from django_taskclaim.config.options import get_options
 from django_taskclaim.db import DbNow
 from django_taskclaim.model.status import UNKNOWN_STATE
@@ -34,6 +38,7 @@ from django_taskclaim.rules import lease_ended
 __all__ = [
     "CLAIM_COLUMNS",
     "DEFAULT_STATUS_ORDERING",
+    "HELD_ONLY_FIELDS",
     "READONLY_CLAIM_FIELDS",
     "ClaimableAdminMixin",
 ]
@@ -51,21 +56,25 @@ CLAIM_COLUMNS = (
     "scheduled",
     "short_error",
 )
-#: Claim bookkeeping shown read-only on the change form (when the model has them).
+#: Claim bookkeeping shown read-only on the change form (when the model has them). A
+#: ``processing`` row shows ``current_holder`` and one lease line (``lease_details``);
+#: any other row shows ``last_holder`` and no lease (it holds none).
 READONLY_CLAIM_FIELDS = (
     "status_badge",
     "version",
     "attempts",
-    "locked_by",
-    "locked_until",
-    "lease_remaining",
+    "current_holder",
+    "last_holder",
+    "lease_details",
     "created_at",
     "finished_at",
     "error_details",
 )
+#: The fields of :data:`READONLY_CLAIM_FIELDS` shown only while a row is held.
+HELD_ONLY_FIELDS = ("current_holder", "lease_details")
 
 
-class ClaimableAdminMixin(ClaimActionsMixin):
+class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin):
     """Mix into the ``ModelAdmin`` of a claimable model (put it before ``ModelAdmin``).
 
     Guarantees: claim bookkeeping (status, token, lease, holder, attempts, timestamps,
@@ -74,7 +83,11 @@ class ClaimableAdminMixin(ClaimActionsMixin):
     permission, changes only the rows where it is legal with a state-conditioned UPDATE
     that bumps the claim token (fencing any worker holding the row), processes "select
     all" in batches of ``claim_action_batch_size`` primary keys without loading rows,
-    and reports "N done, M skipped (why)".
+    and reports "N done, M skipped (why)". A task's change page offers Retry / Requeue /
+    Cancel where its state allows (fenced on the token the page showed,
+    :class:`~django_taskclaim.admin.task_page.TaskPageMixin`), and the changelist a
+    Pause / Resume form (the model, or one of its queues) to users with the change
+    permission. Every change is written as an admin ``LogEntry``.
     """
 
     #: Show the per-status summary above the changelist.
@@ -140,7 +153,10 @@ class ClaimableAdminMixin(ClaimActionsMixin):
             "attempts": "attempts",
             "short_error": "last_error",
             "holder": "locked_by",
+            "current_holder": "locked_by",
+            "last_holder": "locked_by",
             "lease_remaining": "locked_until",
+            "lease_details": "locked_until",
             "scheduled": "run_after",
         }
         if name in need_of:
@@ -168,12 +184,23 @@ class ClaimableAdminMixin(ClaimActionsMixin):
         """The model's read-only fields plus the status and the claim bookkeeping."""
         base = list(super().get_readonly_fields(request, obj))  # type: ignore[misc]
         opts = self.claim_options
-        extra = [f for f in READONLY_CLAIM_FIELDS if self._has(f)]
+        extra = [f for f in self._claim_fields_for(obj) if self._has(f)]
         # The status column and last_error must not be form fields: save() skips them.
         extra += [opts.status_field]
         if opts.has("last_error"):
             extra.append("last_error")
         return base + [f for f in extra if f not in base]
+
+    def _claim_fields_for(self, obj: Any) -> list[str]:
+        """The read-only claim fields of ``obj``'s page: a held row's holder and lease, the
+        last holder of any other row, neither on the add page."""
+        if obj is None:
+            skip = {"last_holder", *HELD_ONLY_FIELDS}
+        elif self._state(obj) == "processing":
+            skip = {"last_holder"}
+        else:
+            skip = set(HELD_ONLY_FIELDS)
+        return [f for f in READONLY_CLAIM_FIELDS if f not in skip]
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         """Default field list with the raw status / last_error replaced by their displays."""
@@ -211,6 +238,35 @@ class ClaimableAdminMixin(ClaimActionsMixin):
         if self._state(obj) != "processing":
             return "—"
         return obj.locked_by or "?"
+
+    @admin.display(description=_("held by"))
+    def current_holder(self, obj: Any) -> str:
+        """The change page of a ``processing`` row: the worker holding it."""
+        return obj.locked_by or "?"
+
+    @admin.display(description=_("last holder"))
+    def last_holder(self, obj: Any) -> str:
+        """The change page of a row nobody holds: the worker that held it last, if any."""
+        return obj.locked_by or "—"
+
+    @admin.display(description=_("lease"))
+    def lease_details(self, obj: Any) -> str:
+        """The change page of a ``processing`` row, in one line: time left on the lease
+        and when it ends, or "expired" and how long ago (by the database clock)."""
+        if not obj.locked_until:
+            return "—"
+        left = (obj.locked_until - annotated_now(obj)).total_seconds()
+        until = dateformat.format(timezone.localtime(obj.locked_until), "Y-m-d H:i:s e")
+        if lease_ended(obj.locked_until, annotated_now(obj)):
+            return format_html(
+                '<span class="taskclaim-expired">{}</span> {}',
+                _("expired %(age)s ago") % {"age": humanize_seconds(-left)},
+                _("(at %(until)s)") % {"until": until},
+            )
+        return _("%(left)s left (until %(until)s)") % {
+            "left": humanize_seconds(left),
+            "until": until,
+        }
 
     @admin.display(description=_("lease"), ordering="locked_until")
     def lease_remaining(self, obj: Any) -> str:
@@ -292,8 +348,13 @@ class ClaimableAdminMixin(ClaimActionsMixin):
         }
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
-        """The changelist, with the per-status summary in ``taskclaim_summary``."""
+        """The changelist, with the per-status summary in ``taskclaim_summary`` and the
+        pause form in ``taskclaim_pause``."""
         extra_context = dict(extra_context or {})
         if self.claim_summary and request.method == "GET":
             extra_context["taskclaim_summary"] = self.claim_summary_context(request)
+        if request.method == "GET":
+            extra_context["taskclaim_pause"] = pause_form_context(
+                request, self.admin_site, self.model
+            )
         return super().changelist_view(request, extra_context)  # type: ignore[misc]

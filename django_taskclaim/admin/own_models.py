@@ -1,9 +1,11 @@
-"""The admin of the app's own models: the worker registry and the lease locks."""
+"""The admin of the app's own models: the worker registry (which also serves the
+dashboard and its pause view), the lease locks and the paused queues."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.apps import apps
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import models
@@ -11,6 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import path
 from django.utils.translation import gettext_lazy as _
 
+from django_taskclaim.admin.audit import log_model_action
 from django_taskclaim.admin.dashboard import dashboard_view
 from django_taskclaim.admin.display import (
     NOW_ANNOTATION,
@@ -19,12 +22,16 @@ from django_taskclaim.admin.display import (
     badge,
     humanize_seconds,
 )
+from django_taskclaim.admin.pause import may_change, pause_view, queue_text
+from django_taskclaim.config.discovery import claimable_models
 from django_taskclaim.db import DbNow
+from django_taskclaim.exceptions import TaskClaimError
+from django_taskclaim.flow.pause import resume
 from django_taskclaim.locks import break_lease
-from django_taskclaim.models import Lease, WorkerProcess
+from django_taskclaim.models import Lease, QueuePause, WorkerProcess
 from django_taskclaim.rules import heard_from_recently, live_worker_q, silent_worker_q
 
-__all__ = ["LeaseAdmin", "ReadOnlyAdminMixin", "WorkerProcessAdmin"]
+__all__ = ["LeaseAdmin", "QueuePauseAdmin", "ReadOnlyAdminMixin", "WorkerProcessAdmin"]
 
 
 class ReadOnlyAdminMixin:
@@ -86,13 +93,24 @@ class WorkerProcessAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         return super().get_queryset(request).annotate(**{NOW_ANNOTATION: DbNow()})
 
     def get_urls(self) -> list[Any]:
-        """Adds ``dashboard/`` (``admin:taskclaim_dashboard``) in front of the usual URLs."""
+        """Adds ``dashboard/`` (``admin:taskclaim_dashboard``) and ``dashboard/pause/``
+        (``admin:taskclaim_pause``, where the pause forms post) in front of the usual URLs."""
         view = self.admin_site.admin_view(self.dashboard)
-        return [path("dashboard/", view, name="taskclaim_dashboard"), *super().get_urls()]
+        pause = self.admin_site.admin_view(self.pause)
+        return [
+            path("dashboard/", view, name="taskclaim_dashboard"),
+            path("dashboard/pause/", pause, name="taskclaim_pause"),
+            *super().get_urls(),
+        ]
 
     def dashboard(self, request: HttpRequest) -> HttpResponse:
         """The dashboard page (staff only; shows the models the user may view)."""
         return dashboard_view(request, self.admin_site)
+
+    def pause(self, request: HttpRequest) -> HttpResponse:
+        """Pause or resume a model or one of its queues (POST; the model's change
+        permission; CSRF-protected like every admin view)."""
+        return pause_view(request, self.admin_site)
 
     @admin.display(description=_("state"))
     def state_badge(self, obj: WorkerProcess) -> str:
@@ -163,3 +181,73 @@ class LeaseAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         if left <= 0:
             return badge("cancelled", _("expired"))
         return badge("processing", humanize_seconds(left))
+
+
+@admin.register(QueuePause)
+class QueuePauseAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Paused queues: read-only, with a "resume" action that goes through
+    :func:`django_taskclaim.flow.pause.resume` (which wakes idle workers).
+
+    Rows are not deleted by hand: deleting one would resume without waking the workers
+    and without a ``LogEntry``. Resuming a row needs the change permission of the model
+    it pauses; rows of models the user may not change are skipped, and said so.
+    """
+
+    list_display = ("model", "queue_shown", "paused_at", "paused_by", "reason")
+    list_filter = ("model",)
+    search_fields = ("model", "queue", "paused_by", "reason")
+    actions = ["resume_selected"]
+
+    class Media:
+        css = {"all": [STYLESHEET]}
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Never: resume instead (it wakes the workers and is logged)."""
+        return False
+
+    def has_resume_permission(self, request: HttpRequest) -> bool:
+        """Whether the user may change at least one claimable model (each row is
+        checked again against its own model when the action runs)."""
+        return any(may_change(request, self.admin_site, m) for m in claimable_models())
+
+    @admin.display(description=_("queue"), ordering="queue")
+    def queue_shown(self, obj: QueuePause) -> str:
+        """The paused queue, or "all queues" for a pause of the whole model."""
+        return obj.queue or str(_("all queues"))
+
+    @admin.action(description=_("Resume selected paused queues"), permissions=("resume",))
+    def resume_selected(self, request: HttpRequest, queryset: models.QuerySet) -> None:
+        """Resume each selected pause the user may change; report resumed / skipped."""
+        done, skipped, reasons = 0, 0, []
+        username = request.user.get_username()
+        for row in list(queryset):
+            try:
+                model = apps.get_model(row.model)
+            except (LookupError, ValueError):
+                skipped += 1
+                reasons.append(_("%(model)s: unknown model") % {"model": row.model})
+                continue
+            if not may_change(request, self.admin_site, model):
+                skipped += 1
+                reasons.append(_("%(model)s: no change permission") % {"model": row.model})
+                continue
+            try:
+                changed = resume(model, row.queue or None, by=username)
+            except TaskClaimError as exc:
+                skipped += 1
+                reasons.append(f"{row.model}: {exc}")
+                continue
+            if changed:
+                done += 1
+                what = f"{row.model}, {queue_text(row.queue or None)}"
+                log_model_action(request, model, str(_("Resumed %(what)s.") % {"what": what}))
+            else:
+                skipped += 1
+                reasons.append(_("%(pause)s: already resumed") % {"pause": row})
+        text = _("Resume: %(done)s resumed, %(skipped)s skipped") % {
+            "done": done,
+            "skipped": skipped,
+        }
+        if reasons:
+            text += " (" + "; ".join(str(r) for r in reasons) + ")"
+        self.message_user(request, text + ".", messages.SUCCESS if done else messages.WARNING)

@@ -13,11 +13,12 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
-from django_taskclaim.admin.display import STYLESHEET, badge, humanize_seconds
+from django_taskclaim.admin.display import STYLESHEET, badge, dotted, humanize_seconds
 from django_taskclaim.admin.mixin import ClaimableAdminMixin
 from django_taskclaim.admin.own_models import ReadOnlyAdminMixin
 from django_taskclaim.db import db_now
 from django_taskclaim.models import PeriodicRun, PeriodicSlot
+from django_taskclaim.ops.reported import periodic_in_use, periodic_runs_in_use
 from django_taskclaim.periodic import discover, schedules
 from django_taskclaim.periodic.slots import ScheduleState, schedule_state
 
@@ -92,6 +93,12 @@ class PeriodicSlotAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         """Never: see the class docstring."""
         return False
 
+    def get_model_perms(self, request: HttpRequest) -> dict[str, bool]:
+        """As usual while periodic work is in use (a schedule is registered, or a slot
+        or run exists); otherwise none, which leaves the slots out of the admin index
+        and its sidebar (the page itself still opens)."""
+        return super().get_model_perms(request) if periodic_in_use() else {}
+
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         """The changelist, with ``taskclaim_schedules`` (:func:`schedule_rows`)."""
         context = {
@@ -115,7 +122,9 @@ class PeriodicRunAdmin(ClaimableAdminMixin, admin.ModelAdmin):  # type: ignore[m
     """The runs of periodic functions: status, attempts, holder, lease, errors and the
     fenced actions, as for any claimable model. Runs are created by the scheduler only."""
 
-    list_display = ("schedule", "slot", "function")
+    list_display = ("schedule_name", "slot", "function_path")
+    #: Runs are created due: "run after" is left to the change page, so the list fits.
+    claim_list_display = ("status_badge", "attempts", "holder", "lease_remaining", "short_error")
     list_filter = ("schedule",)
     search_fields = ("schedule", "function")
     readonly_fields = ("schedule", "slot", "function", "result")
@@ -123,3 +132,20 @@ class PeriodicRunAdmin(ClaimableAdminMixin, admin.ModelAdmin):  # type: ignore[m
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Never: the scheduler creates runs, one per slot."""
         return False
+
+    def get_model_perms(self, request: HttpRequest) -> dict[str, bool]:
+        """As usual where a function is scheduled or a run exists
+        (:func:`~django_taskclaim.ops.reported.periodic_runs_in_use`); otherwise none,
+        which leaves the runs out of the admin index and its sidebar, as the dashboard
+        and ``taskclaim_stats`` leave them out of their figures."""
+        return super().get_model_perms(request) if periodic_runs_in_use() else {}
+
+    @admin.display(description=_("schedule"), ordering="schedule")
+    def schedule_name(self, obj: PeriodicRun) -> str:
+        """The schedule's name (often a dotted path), free to wrap after each dot."""
+        return dotted(obj.schedule)
+
+    @admin.display(description=_("function"), ordering="function")
+    def function_path(self, obj: PeriodicRun) -> str:
+        """The function's dotted path, free to wrap after each dot."""
+        return dotted(obj.function)

@@ -43,7 +43,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
+
+from django.apps import apps
 
 from django_taskclaim.backends.base_locks import LockSQL
 from django_taskclaim.backends.statement import Statement
@@ -295,6 +297,18 @@ class DatabaseSQL(LockSQL):
         tokens, one list per result column; ``"json"``: one JSON array of objects with
         the keys ``pk``, ``token``, ``r0``, ``r1``, … — then the processing value."""
         raise NotImplementedError(f"{self.vendor} completes rows with the ORM")
+
+    # -------------------------------------------------------------------- paused queues
+
+    def paused_queues(self, connection: Any) -> Statement:
+        """Every paused queue: the ``(model, queue)`` rows of the ``taskclaim.QueuePause``
+        table (``queue = ''``: every queue of the model). Read by the claims' snapshot of
+        the pauses (:mod:`django_taskclaim.claim.paused`)."""
+        # Looked up in the app registry, not imported: the models sit above the backends.
+        qn = connection.ops.quote_name
+        meta = apps.get_model("taskclaim", "QueuePause")._meta
+        model, queue = (qn(cast(Any, meta.get_field(name)).column) for name in ("model", "queue"))
+        return Statement(f"SELECT {model}, {queue} FROM {qn(meta.db_table)}", ())
 
     # -------------------------------------------------------------------- wake-ups
 

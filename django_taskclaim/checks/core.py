@@ -135,6 +135,7 @@ def check_models(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
             opts.retry_jitter  # noqa: B018
             opts.claim_gate  # noqa: B018
             opts.notify  # noqa: B018
+            opts.timeout  # noqa: B018
             opts.backoff(1)
             strategy = opts.strategy
         except TaskClaimError as exc:

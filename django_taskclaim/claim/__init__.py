@@ -115,12 +115,13 @@ def claim_rows(
             "task.fenced() for transactional work on the claimed row."
         )
     cache_key = scope.plain_key(queryset, strat.name)
-    request = ClaimRequest(
-        scope.claimable(queryset, cache_key), n, opts, lease_s, worker, cache_key
-    )
+    narrowed = scope.unpaused(queryset, cache_key)
+    if narrowed is None:  # the whole model is paused: nothing to claim, no SQL sent
+        return []
+    request = ClaimRequest(narrowed[0], n, opts, lease_s, worker, narrowed[1])
     try:
         rows = retry_transient(
-            lambda: strat.claim(request),
+            lambda: scope.within_rate_limits(strat, request),
             using,
             what=f"claim {opts.label}",
         )

@@ -4,6 +4,7 @@ once).
 
 Every claim decides its scope here, before a strategy runs. It is where a condition on
 what may be claimed belongs (a paused queue, a rate limit): one place, every strategy.
+Paused queues are left out by :func:`unpaused` (docs/pause.md).
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from django_taskclaim.capped import CappedCache
+from django_taskclaim.claim.paused import paused_queues
+from django_taskclaim.claim.rate import claim_limited
+from django_taskclaim.exceptions import ConfigurationError
 
 
 def plain_key(qs: Any, strategy: str) -> tuple[Any, ...] | None:
@@ -44,3 +48,56 @@ def claimable(qs: Any, cache_key: tuple[Any, ...] | None) -> Any:
     if found is None:
         found = _CLAIMABLE.put(cache_key, qs.claimable())
     return found
+
+
+#: The field a model's queues are told apart by (the worker's ``--queue``).
+QUEUE_FIELD = "queue_name"
+
+
+def has_queues(model: Any) -> bool:
+    """Whether ``model`` has queues: a concrete field named :data:`QUEUE_FIELD`."""
+    return any(f.name == QUEUE_FIELD for f in model._meta.concrete_fields)
+
+
+def unpaused(qs: Any, cache_key: tuple[Any, ...] | None) -> tuple[Any, Any] | None:
+    """:func:`claimable` without the paused queues of ``qs.model`` on ``qs.db``, with the
+    cache key of that narrower set; ``None`` when the whole model is paused (the claim
+    returns nothing and sends no SQL).
+
+    Paused queues come from this process's snapshot of the pause table
+    (:func:`~.paused.paused_queues`, at most one poll interval old): while nothing of the
+    model is paused the claim is exactly :func:`claimable`, same SQL, same cache key;
+    otherwise it excludes ``queue_name IN (paused…)`` and is compiled (once per set of
+    paused queues) under its own key. A pause of a queue of a model without queues
+    (written by hand) is ignored."""
+    model = qs.model._meta.concrete_model
+    queues = paused_queues(model._meta.label, qs.db)
+    if not queues:
+        return claimable(qs, cache_key), cache_key
+    if "" in queues:
+        return None
+    if not has_queues(model):
+        return claimable(qs, cache_key), cache_key
+    names = tuple(sorted(queues))
+    key = None if cache_key is None else (*cache_key, "paused", names)
+    found = _CLAIMABLE.get(key) if key is not None else None
+    if found is None:
+        found = claimable(qs, cache_key).exclude(**{f"{QUEUE_FIELD}__in": names})
+        if key is not None:
+            _CLAIMABLE.put(key, found)
+    return found, key
+
+
+def within_rate_limits(strategy: Any, request: Any) -> list[Any]:
+    """``strategy.claim(request)``, held to the model's rate limits
+    (``ClaimMeta.rate_limit`` / ``key_rate_limit``: :func:`~.rate.claim_limited`, in
+    one transaction with the claim; docs/rate-limits.md). A model without one claims
+    exactly as before: no extra statement."""
+    if not request.opts.rate_limits:
+        return strategy.claim(request)
+    if strategy.name == "serializable":
+        raise ConfigurationError(
+            f"{request.opts.label} has a rate limit: claim it with skip_locked, cas, "
+            "advisory or hold (the serializable strategy must open its own transaction)"
+        )
+    return claim_limited(strategy.claim, request)

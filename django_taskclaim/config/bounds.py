@@ -47,6 +47,16 @@ MAX_ATTEMPTS = Bound(1, 1_000_000, whole=True)
 RETRY_BACKOFF = Bound(0.0, 365 * DAY)
 RETRY_JITTER = Bound(0.0, 1.0)
 CLAIM_GATE = Bound(1, 100_000, whole=True)
+#: ``ClaimMeta.rate_limit`` / ``key_rate_limit`` (``"N/window"``): starts per window (one
+#: slot row each in the database) and the window, from 10 ms to a day.
+RATE_COUNT = Bound(1, 10_000, whole=True)
+RATE_WINDOW = Bound(0.01, DAY)
+#: ``TASKCLAIM_TIMEOUT``, ``ClaimMeta.timeout`` and a row's ``task_timeout``: a body's
+#: deadline, from 1 ms to a year (heartbeats keep its lease meanwhile).
+TIMEOUT = Bound(0.001, 365 * DAY)
+#: ``TASKCLAIM_TIMEOUT_GRACE``: how long a body past its deadline has to stop before its
+#: supervised process is replaced.
+TIMEOUT_GRACE = Bound(0.0, MAX_LEASE)
 
 #: ``manage.py taskclaim_reap`` options.
 REAP: dict[str, Bound] = {

@@ -17,6 +17,7 @@ from django.apps import apps
 from django.db import models
 
 from django_taskclaim.config import bounds
+from django_taskclaim.config.rate_limits import RateLimit, rate_limits_of
 from django_taskclaim.exceptions import ConfigurationError, NotClaimableError
 from django_taskclaim.model.status import STATE_NAMES, Status
 
@@ -33,6 +34,7 @@ OPTIONAL_FIELDS = (
     "created_at",
     "finished_at",
     "last_error",
+    "task_timeout",  # a row's own deadline (seconds or a timedelta); None: ClaimMeta.timeout
 )
 
 # Options a ClaimMeta may set; the ones with a settings fallback map to its name.
@@ -45,6 +47,7 @@ _LIVE = {
     "strategy": "STRATEGY",
     "notify": "NOTIFY",
     "claim_gate": "CLAIM_GATE",
+    "timeout": "TIMEOUT",
 }
 _STATIC = (
     "ordering",
@@ -55,6 +58,9 @@ _STATIC = (
     "concurrency_key",
     "concurrency_limit",
     "archive",
+    "rate_limit",
+    "rate_limit_per",
+    "key_rate_limit",
 )
 #: The field a model with ``concurrency_limit > 1`` keeps its slot number in.
 SLOT_FIELD = "concurrency_slot"
@@ -76,6 +82,7 @@ class _Static:
     handler: Any
     meta: Any
     concurrency: Concurrency | None
+    rate_limits: tuple[RateLimit, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -182,6 +189,7 @@ def _build_static(model: type[models.Model]) -> _Static:
                 raise ConfigurationError(
                     f"{_label(model)}.ClaimMeta.ordering names unknown field {name!r}"
                 )
+    concurrency = _concurrency(model, meta, names)
     return _Static(
         model=model,
         status_field=status_field,
@@ -191,7 +199,10 @@ def _build_static(model: type[models.Model]) -> _Static:
         ordering=ordering,
         handler=getattr(meta, "handler", "process"),
         meta=meta,
-        concurrency=_concurrency(model, meta, names),
+        concurrency=concurrency,
+        rate_limits=rate_limits_of(
+            _label(model), meta, names, concurrency.key if concurrency else None
+        ),
     )
 
 

@@ -11,6 +11,7 @@ A claimable model may declare a nested ``ClaimMeta`` class::
             handler = "process"        # method name, dotted path or callable
             concurrency_key = "customer_id"  # at most concurrency_limit processing per value
             concurrency_limit = 1
+            timeout = 600              # seconds a body may run (None: no deadline)
 
 Anything not declared falls back to the ``TASKCLAIM_*`` setting of the same name, read
 at call time. :func:`get_options` resolves and validates them. The static part (the
@@ -40,6 +41,7 @@ from django_taskclaim.config.claim_meta import (
     _Static,
     is_archive,
 )
+from django_taskclaim.config.rate_limits import RateLimit
 from django_taskclaim.config.settings import PREFIX, taskclaim_settings
 from django_taskclaim.exceptions import ConfigurationError, NotClaimableError
 from django_taskclaim.model.claimable import Claimable
@@ -92,6 +94,12 @@ class ClaimOptions:
         """The model's per-key concurrency, or ``None`` when it declares no
         ``ClaimMeta.concurrency_key`` (claims are then unchanged)."""
         return self._s.concurrency
+
+    @property
+    def rate_limits(self) -> tuple[RateLimit, ...]:
+        """The model's rate limits (``ClaimMeta.rate_limit`` / ``key_rate_limit``), or
+        ``()`` when it declares none (claims are then unchanged)."""
+        return self._s.rate_limits
 
     @cached_property
     def atomic(self) -> bool:
@@ -211,6 +219,18 @@ class ClaimOptions:
         if value is None:
             return None
         return int(bounds.number(value, f"{self.label} claim_gate", bounds.CLAIM_GATE))
+
+    @cached_property
+    def timeout(self) -> float | None:
+        """``ClaimMeta.timeout`` (or ``TASKCLAIM_TIMEOUT``): seconds a body may run before
+        it is told to stop and its attempt fails with ``TimeoutError``; ``None``: no
+        deadline. A row's own ``task_timeout`` field, where the model has one and the row
+        sets it, wins (see :mod:`django_taskclaim.settle.deadline`). Within
+        :data:`~.bounds.TIMEOUT`."""
+        value = self._get("timeout")
+        if value is None:
+            return None
+        return float(bounds.number(value, f"{self.label} timeout", bounds.TIMEOUT, seconds=True))
 
     @cached_property
     def retry_jitter(self) -> float:

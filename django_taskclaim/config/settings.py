@@ -75,6 +75,12 @@ TABLE: tuple[Setting, ...] = (
     Setting("CAS_CANDIDATES", int, 16, Bound(1, 10_000, whole=True)),
     # claims of this many rows or more take turns per table; None = never
     Setting("CLAIM_GATE", int, 50, bounds.CLAIM_GATE, none_allowed=True),
+    # seconds a task body may run (None = no deadline); then its flag is set and the
+    # attempt fails with TimeoutError
+    Setting("TIMEOUT", float, None, bounds.TIMEOUT, none_allowed=True),
+    # seconds past its deadline before a --processes child running it is replaced;
+    # None = the model's lease
+    Setting("TIMEOUT_GRACE", float, None, bounds.TIMEOUT_GRACE, none_allowed=True),
     # retries of deadlocks / serialization failures / "database is locked"
     Setting("DB_RETRIES", int, 10, Bound(0, 1000, whole=True)),
     # Recovery: rows per reaper statement; seconds between periodic reaps inside workers
@@ -96,6 +102,8 @@ TABLE: tuple[Setting, ...] = (
     Setting("NOTIFY", (bool, str), True),
     Setting("NOTIFY_CHANNEL", str, "taskclaim"),
     Setting("POOLER_MODE", str, None, none_allowed=True),  # None | "session" | "transaction"
+    # Monitoring: the bearer token the metrics view accepts; None = staff users only
+    Setting("METRICS_TOKEN", str, None, none_allowed=True),
 )
 
 #: name (without prefix) -> :class:`Setting`, for every setting that exists.

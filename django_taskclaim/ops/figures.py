@@ -14,14 +14,16 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import models, router
+from django.db import connections, models, router
 from django.db.models import Min
 
+from django_taskclaim.backends.history import history_sql
 from django_taskclaim.config.discovery import claimable_models
 from django_taskclaim.config.options import get_options
 from django_taskclaim.db import DbNow, db_now
 from django_taskclaim.model.queryset import as_claim_queryset
 from django_taskclaim.model.status import STATE_NAMES
+from django_taskclaim.ops.history import done_in_windows, uses_history, whole_table
 from django_taskclaim.rules import live_worker_q
 
 logger = logging.getLogger("django_taskclaim.ops.figures")
@@ -54,6 +56,10 @@ class ModelStats:
     total: int
     oldest_ready_age: float | None  # seconds; None when no ready row or no created_at
     done_last: dict[int, int | None]  # minutes -> rows finished done in that window
+    #: States whose count is the planner's estimate (large PostgreSQL tables, ``fast``)
+    estimated: list[str] = field(default_factory=list)
+    #: Where ``done_last`` comes from: ``"rows"`` (``finished_at``) or ``"history"``
+    done_source: str = "rows"
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dictionary (window keys become ``"5m"``, ``"60m"``)."""
@@ -102,21 +108,71 @@ class Snapshot:
         }
 
 
+#: With ``fast``, a PostgreSQL table the planner estimates above this many rows gets its
+#: finished states (done, failed, cancelled) estimated instead of counted.
+EXACT_UP_TO = 100_000
+#: States counted exactly even then: their partial indexes (claim, lease) serve the count.
+INDEXED_STATES = ("ready", "processing")
+
+
+def _estimated_counts(model: type[models.Model], db: str) -> dict[str, int] | None:
+    """Per-state counts of a large table: ``ready`` / ``processing`` exact (one indexed
+    count each), the other states from the planner's statistics; ``None`` when the
+    table is not large (or its vendor keeps no statistics): count it exactly."""
+    opts = get_options(model)
+    connection = connections[db]
+    sql = history_sql(connection)
+    if sql is None:
+        return None
+    column = str(model._meta.get_field(opts.status_field).column)  # type: ignore[union-attr]
+    with connection.cursor() as cursor:
+        estimate = sql.state_estimate(cursor, model._meta.db_table, column)
+    if estimate is None or estimate.rows <= EXACT_UP_TO:
+        return None
+    qs = model._base_manager.using(db)
+    counts: dict[str, int] = {}
+    for state, value in opts.statuses.items():
+        if value is None:
+            continue
+        if state in INDEXED_STATES:
+            counts[state] = qs.filter(opts.status_q(state)).count()
+        else:
+            share = estimate.fractions.get(str(value), estimate.rest)
+            counts[state] = round(estimate.rows * share)
+    return counts
+
+
 def model_stats(
-    model: type[models.Model], *, using: str | None = None, queryset: Any = None
+    model: type[models.Model],
+    *,
+    using: str | None = None,
+    queryset: Any = None,
+    fast: bool = False,
 ) -> ModelStats:
     """Figures of one claimable model (or of ``queryset`` restricted to it).
 
     Counts per logical state and ``expired`` leases come from two aggregate queries;
     the oldest ready age and the done-recently windows from one more each. Nothing is
-    loaded row by row, so it stays cheap on large tables given the claim indexes.
+    loaded row by row.
+
+    With ``fast`` (the dashboard), nothing scans the finished rows when the rows asked
+    about are all of the model's: the done-recently windows come from the workers'
+    per-minute history once it has rows of the model
+    (:func:`~django_taskclaim.ops.history.uses_history`; whole minutes, the current one
+    included), and on a PostgreSQL table the planner estimates above
+    :data:`EXACT_UP_TO` rows, ``done`` / ``failed`` / ``cancelled`` are the planner's
+    estimates (listed in ``estimated``) while ``ready`` and ``processing`` stay exact.
+    Without ``fast``, or over a filtered ``queryset``, every figure is exact.
     """
     opts = get_options(model)
     db = using or router.db_for_read(model)
     qs = as_claim_queryset(
         queryset if queryset is not None else model._base_manager.using(db).all()
     )
-    counts = qs.state_counts()
+    whole = fast and whole_table(queryset)
+    estimates = _estimated_counts(model, db) if whole else None
+    counts = estimates if estimates is not None else qs.state_counts()
+    estimated = [s for s in estimates if s not in INDEXED_STATES] if estimates else []
     expired = qs.expired().count()
     oldest: float | None = None
     if opts.has("created_at") and counts.get("ready"):
@@ -124,7 +180,11 @@ def model_stats(
         if first is not None:
             oldest = max(0.0, (db_now(db) - first).total_seconds())
     done_last: dict[int, int | None] = {}
-    for minutes in THROUGHPUT_WINDOWS:
+    done_source = "rows"
+    if whole and uses_history(model, using=db):
+        done_source = "history"
+        done_last.update(done_in_windows(opts.label, THROUGHPUT_WINDOWS, db_now(db), using=db))
+    for minutes in THROUGHPUT_WINDOWS if done_source == "rows" else ():
         if opts.has("finished_at"):
             done_last[minutes] = qs.filter(
                 opts.status_q("done"), finished_at__gte=DbNow() - timedelta(minutes=minutes)
@@ -139,6 +199,8 @@ def model_stats(
         total=sum(counts.values()),
         oldest_ready_age=oldest,
         done_last=done_last,
+        estimated=estimated,
+        done_source=done_source,
     )
 
 

@@ -15,8 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.db import models
+from django.apps import apps
+from django.db import connections, models, router
 
+from django_taskclaim.backends.history import KEEP_DAYS, history_sql
 from django_taskclaim.config import bounds
 from django_taskclaim.config.discovery import claimable_models
 from django_taskclaim.config.options import get_options
@@ -62,6 +64,8 @@ class PruneResult:
     #: model label → its archive's label, for the models whose rows were moved there
     #: (``ClaimMeta.archive``) instead of deleted
     archived: dict[str, str] = field(default_factory=dict)
+    #: rows of the admin charts' per-minute history deleted (older than 7 days)
+    history: int = 0
 
     @property
     def total(self) -> int:
@@ -140,7 +144,10 @@ def prune_models(
     (:func:`~django_taskclaim.recovery.archive.archive_finished`), listed in ``archived``. A
     named model without ``finished_at`` raises :class:`ConfigurationError`; when every
     claimable model is pruned, such a model is listed in ``skipped`` instead. A bad
-    ``older_than`` is refused before any model is touched.
+    ``older_than`` is refused before any model is touched. Unless ``dry_run``, the rows
+    of the per-minute history (the admin's charts) older than
+    :data:`~django_taskclaim.backends.history.KEEP_DAYS` (7) days are deleted too,
+    whatever ``older_than`` (``history``).
     """
     older_than = older_than_age(older_than)
     result = PruneResult(dry_run=dry_run)
@@ -165,4 +172,23 @@ def prune_models(
             dry_run=dry_run,
             using=using,
         )
+    if not dry_run:
+        result.history = prune_history(
+            using or router.db_for_write(apps.get_model("taskclaim", "TaskHistory"))
+        )
     return result
+
+
+def prune_history(using: str) -> int:
+    """Delete the per-minute history rows (the admin's charts) older than
+    :data:`~django_taskclaim.backends.history.KEEP_DAYS` days, database clock; return
+    how many. The workers do it too, hourly."""
+    connection = connections[using]
+    sql = history_sql(connection)
+    if sql is None:
+        return 0
+    with connection.cursor() as cursor:
+        deleted = sql.prune(cursor, KEEP_DAYS)
+    if deleted:
+        logger.info("pruned history rows=%s older_than=%sd", deleted, KEEP_DAYS)
+    return deleted

@@ -27,6 +27,7 @@ from django_taskclaim.config.options import get_options
 from django_taskclaim.exceptions import ClaimLost, ConfigurationError, Fail, Retry
 from django_taskclaim.model.claimable import Claimable, model_of
 from django_taskclaim.settle.batch import PENDING_ATTR, BatchableResult
+from django_taskclaim.settle.deadline import deadline_error, overdue
 from django_taskclaim.settle.transitions import Outcome, complete, fail, fenced, retry
 from django_taskclaim.settle.writes import _db, check_fields
 
@@ -36,13 +37,17 @@ logger = logging.getLogger("django_taskclaim.settle.outcome")
 def _run_atomic(task: Claimable, handler: Callable[[Any], Any]) -> Any:
     """``ClaimMeta.atomic``: the handler and the completion (with the result fields it
     returns) in one fenced transaction. Raises whatever the handler raised, after the
-    rollback; a result the model cannot store rolls back too (``ValueError``)."""
+    rollback; a result the model cannot store rolls back too (``ValueError``), and so
+    does a body that ran past its deadline (``TimeoutError``: :mod:`.deadline`)."""
     opts = get_options(task)
     with fenced(task):
         if inspect.iscoroutinefunction(handler):
             result = async_to_sync(handler)(task)
         else:
             result = handler(task)
+        timeout = overdue(task)
+        if timeout is not None:  # past its deadline: its writes roll back with it
+            raise deadline_error(timeout)
         if opts.state_of(getattr(task, opts.status_field)) == "processing":
             fields = dict(result) if isinstance(result, Mapping) else {}
             check_fields(opts, task, fields)

@@ -23,6 +23,7 @@ from django.db import connections, models, router, transaction
 from django.db.models.signals import post_save
 
 from django_taskclaim.backends import for_alias, for_connection
+from django_taskclaim.claim.paused import NOTICE_PREFIX
 from django_taskclaim.config.discovery import is_claimable
 from django_taskclaim.config.options import get_options
 from django_taskclaim.config.settings import taskclaim_settings
@@ -82,6 +83,26 @@ def notify(model: type[models.Model], using: str | None = None) -> bool:
             logger.warning("notify failed model=%s database=%s error=%s", label, using, exc)
 
     send.taskclaim_label = label  # type: ignore[attr-defined]
+    transaction.on_commit(send, using=using)
+    return True
+
+
+def notify_paused(label: str, using: str) -> bool:
+    """Tell the listening workers that the pauses of the model ``label`` changed, once
+    the current transaction commits (at once outside one): they re-read the paused
+    queues and, for a model they serve, claim again. Only on PostgreSQL (``False``
+    elsewhere: workers there see the change within one poll interval)."""
+    if not for_alias(using).supports_notify:
+        return False
+
+    def send() -> None:
+        try:
+            statement = for_alias(using).notify(_channel(), NOTICE_PREFIX + label)
+            with connections[using].cursor() as cursor:
+                cursor.execute(statement.sql, statement.params)
+        except Exception as exc:  # the workers see it at their next poll instead
+            logger.warning("pause notify failed model=%s database=%s error=%s", label, using, exc)
+
     transaction.on_commit(send, using=using)
     return True
 

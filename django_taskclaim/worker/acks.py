@@ -29,6 +29,7 @@ from django_taskclaim.model.claimable import Claimable
 from django_taskclaim.settle.batch import complete_many
 from django_taskclaim.settle.transitions import Outcome, complete_pending, fail
 from django_taskclaim.settle.writes import storable_text
+from django_taskclaim.telemetry import instruments
 from django_taskclaim.worker.dbconn import backoff, close, connection_trouble
 from django_taskclaim.worker.ledger import Ledger
 from django_taskclaim.worker.service import Service, one_line
@@ -56,6 +57,7 @@ class Acks:
         self.new_deadline = threading.Event()
         self._writer: AckWriter | None = None
         self._writer_lock = threading.Lock()
+        self.telemetry = instruments()  # None without OpenTelemetry: nothing measured
 
     def defer(self, task: Claimable) -> None:
         """The ``defer`` hook of :func:`~django_taskclaim.settle.outcome.settle`: buffer the
@@ -88,6 +90,9 @@ class Acks:
             lost = self._write(tasks)
         finally:
             self.ledger.acks_written(tasks)
+        self.ledger.history.count_written(tasks, lost)  # for the admin's charts
+        if self.telemetry is not None and lost is not None:
+            self.telemetry.acked(tasks, lost)
         if lost is not None and logger.isEnabledFor(logging.DEBUG):
             lost_ids = {id(t) for t in lost}
             for task in tasks:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,8 +31,11 @@ from django.db import DatabaseError, connections
 from django.db.models import Model
 
 from django_taskclaim.claim.base import was_recovered
+from django_taskclaim.claim.paused import keep_fresh
+from django_taskclaim.claim.rate import wait_hint
 from django_taskclaim.config.options import get_options
 from django_taskclaim.settle.transitions import give_back
+from django_taskclaim.telemetry import instruments
 from django_taskclaim.worker.acks import Acks
 from django_taskclaim.worker.config import WorkerConfig
 from django_taskclaim.worker.dbconn import backoff, close, drop_stale, pause
@@ -72,6 +76,9 @@ class Claimer(threading.Thread):
         # a claim returns none (more would be given back unstarted).
         self.one_at_a_time = False
         self.crashed = False
+        #: Set by a claim a rate limit held back: seconds until its slot frees.
+        self.rate_wait: float | None = None
+        self.telemetry = instruments()  # None without OpenTelemetry: nothing measured
 
     def run(self) -> None:
         try:
@@ -106,6 +113,8 @@ class Claimer(threading.Thread):
             busy = self.ledger.in_flight()
             drop_stale()  # dead since an outage another thread saw: reconnect, not fail
             try:
+                # A pause committed a poll interval ago is in what this claim sees.
+                keep_fresh(self.config.using, poll)
                 rows = self._claim(models, turn, want)
                 turn += 1
             except DatabaseError as exc:
@@ -132,6 +141,10 @@ class Claimer(threading.Thread):
                     self.release(rows)
                 continue
             self.acks.flush()  # nothing to claim: no reason to keep completions waiting
+            if self.rate_wait is not None:  # held back by a rate limit: wait for its slot
+                self.wake.wait(min(poll, self.rate_wait))
+                self.wake.clear()
+                continue
             if self.config.burst:
                 if busy or self.ledger.in_flight():
                     # They may retry: once they have all settled, one last look.
@@ -156,13 +169,23 @@ class Claimer(threading.Thread):
             self._idle(poll)
 
     def _claim(self, models: list[type[Model]], turn: int, want: int) -> list[Any]:
-        """Claim from the first model (in rotation) that has ready rows."""
+        """Claim from the first model (in rotation) that has ready rows (and note, in
+        :attr:`rate_wait`, how soon a rate limit that held one back lets it claim)."""
+        self.rate_wait = None
         for i in range(len(models)):
             model = models[(turn + i) % len(models)]
+            sent = time.monotonic() if self.telemetry is not None else 0.0
             rows = self.queryset(model).claim(
                 want, lease=self.config.lease_for(model), worker=self.worker_id
             )
             self.claims += 1
+            if get_options(model).rate_limits:
+                hint = wait_hint()
+                if hint is not None and (self.rate_wait is None or hint < self.rate_wait):
+                    self.rate_wait = hint
+            if self.telemetry is not None:
+                queue = self.config.queue or ""
+                self.telemetry.claimed(model._meta.label, queue, rows, time.monotonic() - sent)
             if rows:
                 return rows
         return []

@@ -24,6 +24,7 @@ from django_taskclaim.config.discovery import claimable_models, resolve_model
 from django_taskclaim.config.options import get_options
 from django_taskclaim.config.settings import BOUNDS, taskclaim_settings
 from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.settle.deadline import grace, uses_deadlines
 from django_taskclaim.worker.options import default, resolve
 
 
@@ -187,6 +188,8 @@ def _entry_points(
             )
         strategies[model] = name
         model_lease = float(lease or opts.lease)  # validates the model's lease now
+        if uses_deadlines(model):  # validates its timeout now, and the grace
+            grace(model_lease)
         if beat is not None and beat >= model_lease / 2:
             raise ConfigurationError(
                 f"TASKCLAIM_HEARTBEAT_INTERVAL ({beat:g}s) must be under half the lease "

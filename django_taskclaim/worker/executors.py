@@ -5,7 +5,9 @@ An ``async def`` body runs on the process's event loop (:mod:`.aio`) while its
 executor waits, so it shares the executors' slots; its outcome is settled here as a
 sync body's is. A body learns that its claim was taken back through its cancellation
 flag (``task.cancel_requested()``, or the ``cancel`` argument: :mod:`.bodies`), and an
-async body through ``CancelledError``; whatever it then does is fenced out.
+async body through ``CancelledError``; whatever it then does is fenced out. The same
+flag tells a body it ran past its deadline (:mod:`.deadlines`); its attempt is then a
+``TimeoutError`` failure.
 
 Executors never die silently: a body's ``BaseException`` is that task's failure
 (:class:`~django_taskclaim.settle.outcome.TaskAborted`); an executor that crashes for any
@@ -31,11 +33,13 @@ from django_taskclaim.model.claimable import Claimable, model_of
 from django_taskclaim.settle.outcome import Attempt, TaskAborted, attempt, cancel_flag, settle
 from django_taskclaim.settle.transitions import RETRY_IN_ATTR, Outcome
 from django_taskclaim.settle.writes import storable_text
+from django_taskclaim.telemetry import instruments
 from django_taskclaim.worker.acks import Acks, fail_unstorable
 from django_taskclaim.worker.aio import EventLoop
 from django_taskclaim.worker.bodies import Body
 from django_taskclaim.worker.config import WorkerConfig
 from django_taskclaim.worker.dbconn import backoff, close, connection_trouble, drop_stale
+from django_taskclaim.worker.deadlines import Deadlines
 from django_taskclaim.worker.exits import CRASH_WINDOW, MAX_CRASHES
 from django_taskclaim.worker.ledger import Ledger, runs_alone
 from django_taskclaim.worker.service import one_line
@@ -55,6 +59,7 @@ class Executors:
         worker_id: str,
         halt: threading.Event,
         wake_main: threading.Event,
+        deadline_report: int | None = None,
     ) -> None:
         self.config = config
         self.ledger = ledger
@@ -64,10 +69,18 @@ class Executors:
         self.wake_main = wake_main
         self.threads: list[threading.Thread] = []
         self.loop = EventLoop(worker_id=worker_id)
+        #: The deadlines of the bodies run here (``deadline_report``: the supervisor's pipe).
+        self.deadlines = Deadlines(
+            worker_id=worker_id,
+            lease_for=config.lease_for,
+            cancel_async=self.loop.cancel,
+            report_fd=deadline_report,
+        )
         self._bodies: dict[type, Body] = {}
         self._grace_over = False  # async bodies cancelled at the end of the grace period
         self._finished: set[str] = set()  # ended normally (not crashed)
         self._crashes: list[float] = []  # monotonic times of crashes
+        self.telemetry = instruments()  # None without OpenTelemetry: nothing measured
 
     def start(self) -> None:
         for index in range(self.config.concurrency):
@@ -169,7 +182,12 @@ class Executors:
         if flag.is_set():  # taken back between claim and start: never started
             done = Attempt(error=ClaimLost(f"{label} pk={task.pk}: claim lost before start"))
         else:
+            self.deadlines.arm(task)
             done = attempt(task, handler, catch_base_exceptions=True)
+            timeout = self.deadlines.disarm(task)
+            if timeout is not None:  # ran past its deadline: a TimeoutError failure
+                done = self.deadlines.past(task, done, timeout)
+        ended = time.monotonic() if self.telemetry is not None else 0.0
         if self._grace_over and _cancelled(done):
             # Cancelled at the end of the grace period: requeued at once, as a sync
             # body still running then is (this attempt counts).
@@ -187,6 +205,9 @@ class Executors:
             outcome = settle(task, done, defer=defer)
         except Exception as exc:  # a refused value fails its row; an outage is waited out
             outcome = self._settle_again(task, done, exc)
+        self.ledger.history.count(task, outcome)  # done / failed, for the admin's charts
+        if self.telemetry is not None:
+            self.telemetry.ran(task, outcome, started, ended)
         if outcome is Outcome.LOST or self.ledger.is_lost(task):
             logger.warning(
                 "claim lost task=%s:%s attempt=%s worker=%s: its writes did not land",

@@ -20,6 +20,7 @@ from typing import Any
 
 from django_taskclaim.claim.base import was_recovered
 from django_taskclaim.model.claimable import Claimable
+from django_taskclaim.worker.history import History
 
 #: Set by the claimer on a recovered row that may run beside other rows (a crash of its
 #: process could not use up its attempts: see :func:`~.claimer.may_share`); the ledger
@@ -73,6 +74,8 @@ class Ledger:
         self._closed = False
         self._stopped = False
         self.processed = 0
+        #: Finished attempts per minute, for the admin's charts (written by the heartbeat).
+        self.history = History()
 
     # -- the claimer's side ---------------------------------------------------------
     def room(self) -> int:

@@ -77,10 +77,14 @@ class Worker:
 
     ``run()`` blocks and returns an exit code from :data:`~.exits.EXIT_CODES`. Signals
     are handled only when ``run()`` is called from the main thread. ``parent`` is the
-    pid of the supervisor this process must not outlive (``None``: not supervised).
+    pid of the supervisor this process must not outlive (``None``: not supervised);
+    ``deadline_report`` the pipe on which it tells that supervisor the deadlines of the
+    bodies it runs (:mod:`.deadlines`).
     """
 
-    def __init__(self, config: WorkerConfig, *, parent: int | None = None) -> None:
+    def __init__(
+        self, config: WorkerConfig, *, parent: int | None = None, deadline_report: int | None = None
+    ) -> None:
         self.config = config
         self.parent = parent
         self.using = config.using
@@ -139,6 +143,7 @@ class Worker:
             worker_id=self.worker_id,
             halt=self._halt,
             wake_main=self._main_wake,
+            deadline_report=deadline_report,
         )
         #: The background services (heartbeat, reaping, scheduler, listener), once started.
         self._services: list[Service] = []
@@ -304,6 +309,7 @@ class Worker:
         for service in self._services if code == EXIT_OK else ():
             service.join(timeout=5)
         self.executors.loop.stop()
+        self.ledger.history.flush(self.using)  # the last counts of the charts; never raises
         self.registry.deregister()
         logger.info(
             "worker stopped worker=%s processed=%s exit=%s",
@@ -330,6 +336,7 @@ class Worker:
                 worker_id=self.worker_id,
                 halt=self._halt,
                 on_lost=self.executors.claim_lost,
+                on_beat=self.executors.deadlines.beat,
             )
         )
         if c.reap:

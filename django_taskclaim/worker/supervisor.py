@@ -23,13 +23,24 @@ dies (``PR_SET_PDEATHSIG``, Linux) and checks its parent's pid every second (eve
 an orphaned child stops at once, giving back the rows it holds (see
 :mod:`.process`). A child that exits with :data:`~.exits.EXIT_UNAVAILABLE` (``--burst``
 gave up on its database) is not restarted either.
+
+Deadlines (``ClaimMeta.timeout``, a row's ``task_timeout``): where a served model can have
+one, each child reports the bodies with a deadline it starts and ends on a pipe
+(:mod:`.deadlines`), and the supervisor, instead of blocking in ``wait()``, looks every
+:data:`WATCH_POLL` seconds. A child still running a body ``TASKCLAIM_TIMEOUT_GRACE``
+seconds past its deadline is killed (``SIGKILL``: the body ignores its cancellation flag)
+and, once reaped, replaced at once: that attempt fails with ``TimeoutError``, fenced, and
+the child's other rows go back ``ready`` without losing an attempt
+(:mod:`~django_taskclaim.recovery.overdue`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
+import select
 import signal
 import sys
 import time
@@ -37,10 +48,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from django.apps import apps
 from django.db import connections
 
 from django_taskclaim.db import default_worker_id
+from django_taskclaim.recovery.overdue import fail_overdue, give_back_held
 from django_taskclaim.recovery.reap import release_worker
+from django_taskclaim.settle.deadline import uses_deadlines
 from django_taskclaim.worker.config import WorkerConfig
 from django_taskclaim.worker.exits import EXIT_FORCED, EXIT_OK, EXIT_UNAVAILABLE
 from django_taskclaim.worker.maintenance.registry import mark_stopped
@@ -57,6 +71,10 @@ FINAL = frozenset({EXIT_OK, EXIT_UNAVAILABLE})
 
 #: ``prctl`` option: the signal this process gets when its parent dies (Linux).
 PR_SET_PDEATHSIG = 1
+
+#: Seconds between the supervisor's looks at its children's deadline reports and exits,
+#: when it watches deadlines (it then cannot block in ``wait()``).
+WATCH_POLL = 0.2
 
 
 def die_with_parent(signum: int) -> bool:
@@ -97,11 +115,19 @@ class Supervisor:
         processes: int,
         *,
         on_exit: Callable[[int, int, int], None] | None = None,
+        watch_deadlines: bool = False,
     ) -> None:
         if processes < 1:
             raise ValueError("processes must be >= 1")
         self.target = target
         self.on_exit = on_exit
+        self.watch_deadlines = watch_deadlines
+        #: In a child: the write end of its deadline pipe (``None``: not watched).
+        self.report_fd: int | None = None
+        self._reports: dict[int, int] = {}  # read end -> child pid
+        self._partial: dict[int, bytes] = {}  # read end -> an unfinished line
+        self._armed: dict[int, dict[str, dict[str, Any]]] = {}  # pid -> key -> report
+        self._killed: dict[int, list[dict[str, Any]]] = {}  # pid -> the bodies it ran late
         self.processes = processes
         self.pid = os.getpid()  # the parent each child watches
         self.children: dict[int, tuple[int, float]] = {}  # pid -> (index, started)
@@ -115,10 +141,16 @@ class Supervisor:
         connections.close_all()
         sys.stdout.flush()
         sys.stderr.flush()
+        read_end, write_end = os.pipe() if self.watch_deadlines else (-1, -1)
         pid = os.fork()
         if pid == 0:  # child
             code = 1
             try:
+                if self.watch_deadlines:
+                    for fd in [read_end, *self._reports]:
+                        os.close(fd)
+                    self._reports.clear()
+                    self.report_fd = write_end
                 die_with_parent(PARENT_DEATH_SIGNAL)
                 if os.getppid() != self.pid:  # the supervisor died before that
                     os._exit(EXIT_OK)
@@ -135,6 +167,11 @@ class Supervisor:
                 finally:
                     os._exit(code)
         self.children[pid] = (index, time.monotonic())
+        if self.watch_deadlines:
+            os.close(write_end)
+            os.set_blocking(read_end, False)
+            self._reports[read_end] = pid
+            self._armed[pid] = {}
         logger.info("worker process started index=%s pid=%s", index, pid)
         return pid
 
@@ -169,6 +206,110 @@ class Supervisor:
         finally:
             connections.close_all()  # no connection may cross the next fork
 
+    # -- deadlines: each child reports the bodies it runs that have one ----------------
+    def killed_for(self, pid: int) -> list[dict[str, Any]]:
+        """The reports of the bodies child ``pid`` was killed for (ran past their deadline
+        and grace), ``[]`` if it was not killed by this supervisor."""
+        return list(self._killed.get(pid, ()))
+
+    def _wait(self) -> tuple[int, int]:
+        """``os.wait()``; while watching deadlines, the reports are read and overdue
+        children killed meanwhile (:data:`WATCH_POLL`)."""
+        if not self.watch_deadlines:
+            return os.wait()
+        while True:
+            pid, status = os.waitpid(-1, os.WNOHANG)  # ChildProcessError: no child left
+            if pid:
+                return pid, status
+            self._pause(WATCH_POLL)
+
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds``, reading the children's reports meanwhile if watched."""
+        if not self.watch_deadlines:
+            time.sleep(max(0.0, seconds))
+            return
+        fds = list(self._reports)
+        if fds:
+            ready, _, _ = select.select(fds, [], [], max(0.0, seconds))
+            for fd in ready:
+                self._read(fd)
+        else:
+            time.sleep(max(0.0, seconds))
+        self._kill_overdue()
+
+    def _read(self, fd: int) -> None:
+        """Take in what child's pipe ``fd`` holds: ``arm`` and ``disarm`` lines."""
+        pid = self._reports.get(fd)
+        if pid is None:
+            return
+        chunks = [self._partial.pop(fd, b"")]
+        eof = False
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                eof = True
+                break
+            if not data:
+                eof = True
+                break
+            chunks.append(data)
+        *lines, rest = b"".join(chunks).split(b"\n")
+        if rest:
+            self._partial[fd] = rest
+        armed = self._armed.setdefault(pid, {})
+        for line in lines:
+            try:
+                report = json.loads(line)
+                key = report["key"]
+                if report["op"] == "arm":
+                    report["kill_at"] = time.monotonic() + float(report["kill_in"])
+                    armed[key] = report
+                else:
+                    armed.pop(key, None)
+            except (ValueError, KeyError, TypeError):
+                logger.warning("unreadable deadline report pid=%s line=%r", pid, line[:200])
+        if eof:
+            os.close(fd)
+            del self._reports[fd]
+            self._partial.pop(fd, None)
+
+    def _forget_reports(self, pid: int) -> None:
+        """Child ``pid`` exited: read its last reports, close its pipe."""
+        for fd in [fd for fd, owner in self._reports.items() if owner == pid]:
+            self._read(fd)
+            if fd in self._reports:
+                os.close(fd)
+                del self._reports[fd]
+                self._partial.pop(fd, None)
+        self._armed.pop(pid, None)
+
+    def _kill_overdue(self) -> None:
+        """Kill each child running a body past its deadline and grace (SIGKILL: the body
+        ignores its cancellation flag); its rows are settled when it is reaped."""
+        now = time.monotonic()
+        for pid, armed in self._armed.items():
+            late = [r for r in armed.values() if now >= r["kill_at"]]
+            if not late or pid not in self.children or pid in self._killed:
+                continue
+            self._killed[pid] = late
+            for report in late:
+                logger.warning(
+                    "task past its deadline and grace: replacing worker process "
+                    "index=%s pid=%s task=%s:%s timeout=%gs",
+                    self.children[pid][0],
+                    pid,
+                    report.get("label"),
+                    report.get("pk"),
+                    float(report.get("timeout", 0)),
+                )
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def run(self) -> int:
         """Start the children and supervise them until all have stopped."""
         previous = {
@@ -179,14 +320,16 @@ class Supervisor:
                 self._spawn(index)
             while self.children:
                 try:
-                    pid, status = os.wait()
+                    pid, status = self._wait()
                 except ChildProcessError:
                     break
                 if pid not in self.children:
                     continue
                 index, started = self.children.pop(pid)
                 code = os.waitstatus_to_exitcode(status)
+                self._forget_reports(pid)
                 self._after_exit(index, pid, code)
+                replaced = self._killed.pop(pid, None) is not None
                 if self._stopping:
                     self._code = max(self._code, code if code >= 0 else EXIT_FORCED)
                     continue
@@ -203,7 +346,8 @@ class Supervisor:
                     )
                     continue
                 how = describe_exit(code)
-                fast = time.monotonic() - started < FAST_FAILURE
+                # A child replaced for a body past its deadline did not fail: no backoff.
+                fast = time.monotonic() - started < FAST_FAILURE and not replaced
                 self._failures[index] = self._failures.get(index, 0) + 1 if fast else 0
                 delay = min(30.0, 0.5 * 2 ** self._failures[index]) if fast else 0.0
                 logger.warning(
@@ -215,7 +359,7 @@ class Supervisor:
                 )
                 deadline = time.monotonic() + delay
                 while not self._stopping and time.monotonic() < deadline:
-                    time.sleep(min(0.2, deadline - time.monotonic()))
+                    self._pause(min(0.2, deadline - time.monotonic()))
                 if not self._stopping:
                     self.restarts += 1
                     self._spawn(index)
@@ -252,12 +396,28 @@ def supervise(
         return f"{worker_id}-{index}" if worker_id else None
 
     def child(index: int) -> int:
-        worker = Worker(replace(config_of(index), worker_id=child_id(index)), parent=sup.pid)
+        worker = Worker(
+            replace(config_of(index), worker_id=child_id(index)),
+            parent=sup.pid,
+            deadline_report=sup.report_fd,
+        )
         return worker.run(lambda: announce(worker.describe() + f" process={index + 1}/{total}"))
 
     def exited(index: int, pid: int, code: int) -> None:
         config = config_of(index)
         worker_id = child_id(index) or default_worker_id(pid)
+        late = sup.killed_for(pid)
+        if late:
+            try:
+                replaced(config, worker_id, late)
+            except Exception as exc:  # what is left is released below, as for any exit
+                logger.error(
+                    "could not settle the rows of the replaced worker worker=%s error=%s",
+                    worker_id,
+                    exc,
+                    exc_info=exc,
+                )
+                connections.close_all()
         result = release_worker(
             worker_id,
             *config.models,
@@ -274,7 +434,40 @@ def supervise(
             )
         mark_stopped(worker_id, pid)
 
+    def replaced(config: WorkerConfig, worker_id: str, late: list[dict[str, Any]]) -> None:
+        """The child was killed for bodies past their deadline and grace: each such
+        attempt fails with ``TimeoutError``; its other rows go back without losing an
+        attempt (:mod:`~django_taskclaim.recovery.overdue`)."""
+        keep = []
+        for report in late:
+            model = apps.get_model(report["label"])
+            outcome = fail_overdue(
+                model,
+                report["pk"],
+                int(report["version"]),
+                using=config.using,
+                timeout=float(report["timeout"]),
+            )
+            keep.append((model, report["pk"]))
+            logger.warning(
+                "task past its deadline failed worker=%s task=%s:%s timeout=%gs outcome=%s",
+                worker_id,
+                report["label"],
+                report["pk"],
+                float(report["timeout"]),
+                outcome or "already settled",
+            )
+        given = give_back_held(worker_id, config.models, using=config.using, keep=keep)
+        if given:
+            logger.warning(
+                "gave back the other rows of the replaced worker worker=%s rows=%s "
+                "(attempts not counted)",
+                worker_id,
+                given,
+            )
+
     databases = ",".join(c.using for c in plans)
-    sup = Supervisor(child, total, on_exit=exited)
+    watch = any(uses_deadlines(m) for c in plans for m in c.models)
+    sup = Supervisor(child, total, on_exit=exited, watch_deadlines=watch)
     announce(f"taskclaim supervisor pid={sup.pid} processes={total} databases={databases}")
     return sup.run()

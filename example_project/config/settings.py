@@ -9,11 +9,45 @@ Without it the project starts (or reuses) an embedded PostgreSQL from the
 
 from __future__ import annotations
 
+import re
+import warnings
 from pathlib import Path
 
 import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+
+#: What a malformed DATABASE_URL is told to look like.
+URL_EXAMPLES = (
+    "postgres://postgres@127.0.0.1:5432/taskclaim_demo, "
+    "mysql://root@127.0.0.1:3306/taskclaim_demo or sqlite:///example_project/var/demo.sqlite3"
+)
+
+
+def database_from_url(url: str) -> dict:
+    """``DATABASES["default"]`` from ``url``; a URL that names no database engine ends the
+    process with one line naming the fix (not a ``KeyError`` deep in the settings)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # environ warns "Engine not recognized" first
+            conf = environ.Env.db_url_config(url)
+    except (ValueError, KeyError) as exc:
+        conf, reason = {}, str(exc)
+    else:
+        reason = "no database scheme"
+    engine = conf.get("ENGINE", "")
+    if "." not in engine:
+        if engine:
+            reason = f"unknown scheme {url.partition(':')[0]!r}"
+        shown = re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)  # never echo a password
+        raise SystemExit(
+            f"example_project: DATABASE_URL={shown!r} (environment or example_project/.env) "
+            f"is not a database URL ({reason}): use e.g. {URL_EXAMPLES}; or unset it to use "
+            "the embedded PostgreSQL"
+        )
+    return conf
+
+
 env = environ.Env(
     DEBUG=(bool, True),
     DEMO_WORK_SECONDS=(float, 0.05),
@@ -31,7 +65,7 @@ ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
 # The data directory of the embedded PostgreSQL, when the project runs one (None otherwise).
 EMBEDDED_PG_DIR: Path | None = None
 if env("DATABASE_URL", default=""):
-    DATABASES = {"default": env.db_url("DATABASE_URL")}
+    DATABASES = {"default": database_from_url(env("DATABASE_URL"))}
 else:
     from django_taskclaim import embedded
 

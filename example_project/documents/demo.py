@@ -19,8 +19,10 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection
-from django.db.models import Count
+from django.db.models import Count, Min
 from django.utils import timezone
+
+from django_taskclaim.db import DbNow, db_now
 
 from .models import Document, ParserJob
 from .seeding import batch_jobs, seed
@@ -132,18 +134,46 @@ class Demo:
         return {r["status"]: r["n"] for r in rows}
 
     def bar(self, c: dict[str, int], total: int, started: float) -> str:
-        done, failed = c.get("done", 0), c.get("failed", 0)
+        """The progress line: ``#`` done, ``x`` failed (finished too: the bar is full once
+        every row is done, failed or cancelled), ``.`` still to go."""
+        done, failed = c.get("done", 0), c.get("failed", 0) + c.get("cancelled", 0)
         width = 30
-        d = int(width * done / total) if total else width
-        f = int(width * failed / total) if total else 0
-        f = min(f, width - d)
+        finished = min(done + failed, total)
+        filled = width * finished // total if total else width
+        d = min(width * done // total if total else 0, filled)
+        f = filled - d
         elapsed = time.monotonic() - started
         rate = (done + failed) / elapsed if elapsed > 0 else 0.0
         return (
-            f"[{'#' * d}{'x' * f}{'.' * (width - d - f)}] "
+            f"[{'#' * d}{'x' * f}{'.' * (width - filled)}] "
             f"{done + failed}/{total}  done {done}  failed {failed}  "
             f"processing {c.get('processing', 0)}  {elapsed:5.1f}s  {rate:6.1f}/s"
         )
+
+    def retries_waiting(self, batch: str) -> tuple[int, float]:
+        """``(rows, seconds)``: how many rows of ``batch`` wait for a retry that is not
+        due yet, and in how many seconds the first is due, on the database clock;
+        ``(0, 0.0)`` while any row of the batch can be claimed now (the workers are not
+        waiting). Parser jobs have no ``run_after`` column: they are retried at once."""
+        documents = Document.objects.filter(batch=batch)
+        if documents.claimable().exists() or batch_jobs(batch).claimable().exists():
+            return 0, 0.0
+        waiting = documents.ready().filter(run_after__gt=DbNow())
+        found = waiting.aggregate(rows=Count("pk"), first=Min("run_after"))
+        if not found["rows"]:
+            return 0, 0.0
+        return found["rows"], max(0.0, (found["first"] - db_now()).total_seconds())
+
+    def status_line(self, batch: str, total: int, started: float) -> tuple[str, dict[str, int]]:
+        """The progress line of ``batch`` and its counts; while every open row waits for
+        a retry, the line says how many and when the first is due."""
+        c = self.counts(batch)
+        line = self.bar(c, total, started)
+        rows, due = self.retries_waiting(batch)
+        if rows:
+            plural = "retry" if rows == 1 else "retries"
+            line += f"  waiting for {rows} {plural} due in {due:.1f} s"
+        return line, c
 
     def new_batch(self) -> str:
         """A batch name no earlier run used (two runs within one second get a suffix)."""
@@ -173,17 +203,24 @@ class Demo:
         self.procs = [self.start_worker(i + 1) for i in range(self.o.workers)]
         rounds = 1
         last_line = 0.0
+        was_waiting = False
+        starting: dict[str, int] | None = None  # the counts when a new round started
         code = 0
         try:
             while True:
-                c = self.counts(batch)
-                line = self.bar(c, docs, started)
+                line, c = self.status_line(batch, docs, started)
+                if starting is not None and (c.get("processing") or c != starting):
+                    starting = None  # the new round has claimed rows
+                if starting is not None and "waiting for" not in line:
+                    line += f"  retries due: starting worker round {rounds}"
+                waiting = "waiting for" in line or "starting worker round" in line
                 if self.tty:
-                    self.out.write("\r" + line)
+                    self.out.write("\r" + line + "\x1b[K")  # erase what a longer line left
                     self.out.flush()
-                elif time.monotonic() - last_line > 2:
-                    self.say(line)
+                elif time.monotonic() - last_line > 2 or waiting != was_waiting:
+                    self.say(line)  # every two seconds, and when a wait starts or ends
                     last_line = time.monotonic()
+                was_waiting = waiting
                 open_rows = c.get("ready", 0) + c.get("processing", 0)
                 jobs_open = (
                     batch_jobs(batch).filter(status__in=[ParserJob.NEW, ParserJob.PENDING]).exists()
@@ -211,6 +248,7 @@ class Demo:
                     # became ready since: start another round.
                     rounds += 1
                     self.procs = [self.start_worker(i + 1) for i in range(self.o.workers)]
+                    starting = c
                 time.sleep(0.2)
         finally:
             self.stop()
@@ -218,7 +256,7 @@ class Demo:
         # printed every two seconds would otherwise end short of them).
         final = self.bar(self.counts(batch), docs, started)
         if self.tty:
-            self.out.write("\r" + final + "\n")
+            self.out.write("\r" + final + "\x1b[K\n")
             self.out.flush()
         else:
             self.say(final)

@@ -6,6 +6,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from tests.support.helpers import claim_queries
 from tests.support.testapp.models import Document
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -94,7 +95,7 @@ def test_round_trips_claim_one_complete_one():
     with CaptureQueriesContext(connection) as q:
         rows = Document.objects.claim(10)
     assert len(rows) == 10
-    assert len(q.captured_queries) == 1, [x["sql"] for x in q.captured_queries]
+    assert len(claim_queries(q)) == 1, [x["sql"] for x in q.captured_queries]
     with CaptureQueriesContext(connection) as q:
         rows[0].complete(result="x")
     assert len(q.captured_queries) == 1
@@ -103,7 +104,7 @@ def test_round_trips_claim_one_complete_one():
     assert len(q.captured_queries) == 1
     with CaptureQueriesContext(connection) as q:
         assert Document.objects.claim_next(strategy="advisory") is not None
-    assert len(q.captured_queries) == 1
+    assert len(claim_queries(q)) == 1
 
 
 def test_a_serializable_claim_that_loses_every_race_claims_nothing(settings, caplog):

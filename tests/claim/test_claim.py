@@ -17,6 +17,7 @@ from django_taskclaim import (
 from django_taskclaim.db import DbNow
 from django_taskclaim.model.queryset import ClaimQuerySet
 from django_taskclaim.signals import task_claimed
+from tests.support.helpers import claim_queries
 from tests.support.testapp.models import Document, Job, Ledger
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -236,7 +237,7 @@ def test_sqlite_claim_is_one_read_and_one_write():
     with CaptureQueriesContext(connection) as q:
         rows = Document.objects.claim(10)
     assert len(rows) == 10
-    verbs = [s["sql"].split()[0] for s in q.captured_queries]
+    verbs = [s["sql"].split()[0] for s in claim_queries(q)]
     assert [v for v in verbs if v in ("SELECT", "UPDATE")] == ["SELECT", "UPDATE"]
 
 

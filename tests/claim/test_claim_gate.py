@@ -23,7 +23,7 @@ from django_taskclaim.backends.postgresql import CLAIM_GATE_SPACE, claim_gate_ke
 from django_taskclaim.config.options import get_options
 from tests.guarantees.test_one_holder import run_claimers
 from tests.support import pgbouncer
-from tests.support.helpers import child_env, wait_for
+from tests.support.helpers import child_env, claim_queries, wait_for
 from tests.support.testapp.models import Document
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -77,10 +77,10 @@ def test_a_large_claim_takes_the_gate_in_the_same_round_trip():
     assert {r.pk for r in rows}.isdisjoint(r.pk for r in fewer)
     assert all(r.status == "processing" and r.version == 1 for r in rows + fewer)
     # One round trip each; only the large claim carries the gate.
-    assert len(large.captured_queries) == 1
-    assert len(small.captured_queries) == 1
-    assert large.captured_queries[0]["sql"].startswith("SELECT pg_advisory_xact_lock(")
-    assert "pg_advisory" not in small.captured_queries[0]["sql"]
+    assert len(claim_queries(large)) == 1
+    assert len(claim_queries(small)) == 1
+    assert claim_queries(large)[0]["sql"].startswith("SELECT pg_advisory_xact_lock(")
+    assert "pg_advisory" not in claim_queries(small)[0]["sql"]
     # The gate ends with the claim's transaction: nothing is left held.
     with connection.cursor() as cursor:
         cursor.execute(
@@ -160,7 +160,7 @@ def test_server_side_binding_takes_the_gate_in_a_transaction_of_its_own():
         del options["server_side_binding"]
     assert len(rows) == 8
     assert all(r.status == "processing" for r in rows)
-    sent = [q["sql"] for q in ctx.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
+    sent = [q["sql"] for q in claim_queries(ctx) if q["sql"] not in ("BEGIN", "COMMIT")]
     assert len(sent) == 2
     assert sent[0].startswith("SELECT pg_advisory_xact_lock(")
     assert sent[1] == claims_sent(ctx.captured_queries)[0]

@@ -33,6 +33,14 @@ def wait_for(
         time.sleep(interval)
 
 
+def claim_queries(captured: Any) -> list[dict[str, Any]]:
+    """The queries a ``CaptureQueriesContext`` saw, without the read of the paused queues
+    a claim makes at most once per poll interval per process (docs/pause.md): what a
+    round-trip count of the claim itself looks at."""
+    queries = getattr(captured, "captured_queries", captured)
+    return [q for q in queries if "taskclaim_queuepause" not in q["sql"]]
+
+
 def simulate_work(seconds: float) -> None:
     """Stand for a task body that takes ``seconds`` (a duration, not a wait for anything);
     sliced so a signal handler runs promptly."""

@@ -106,8 +106,10 @@ INSTALLED_APPS = [
     "tests.support.uniqueapp",
     "tests.support.keyedapp",
     "tests.support.asyncapp",
+    "tests.support.deadlineapp",
     "tests.support.outboxapp",
     "tests.support.archiveapp",
+    "tests.support.flowapp",
 ]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

@@ -142,3 +142,71 @@ def test_retry_failed_from_the_browser(live_server, django_user_model, browser_p
     row = page.locator('#taskclaim-queues tr[data-model="testapp.Document"]')
     assert row.locator('[data-state="failed"]').get_attribute("data-count") == "0"
     assert row.locator('[data-state="ready"]').get_attribute("data-count") == "15"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_task_buttons_and_pause_from_the_browser(
+    live_server, django_user_model, browser_page, monkeypatch
+):
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    django_user_model.objects.create_superuser("boss", "boss@example.com", "browser-pw")
+    failed = Document.objects.create(title="invoice 042")
+    Document.objects.filter(pk=failed.pk).update(
+        status="failed", finished_at=DbNow(), attempts=5, last_error="ValueError: bad page 7"
+    )
+    Document.objects.bulk_create([Document(title=f"waiting {i}") for i in range(3)])
+    page = browser_page
+    base = live_server.url
+    page.goto(f"{base}/admin/login/?next=/admin/")
+    page.fill("#id_username", "boss")
+    page.fill("#id_password", "browser-pw")
+    page.click("input[type=submit]")
+    page.wait_for_selector("#content-main")
+
+    # Retry on the failed task's page
+    page.goto(f"{base}/admin/testapp/document/{failed.pk}/change/")
+    assert page.locator("#taskclaim-task-actions").get_attribute("data-state") == "failed"
+    assert page.locator('input[name="_addanother"]').count() == 0
+    page.screenshot(path=str(ARTIFACTS / "task-page-before.png"), full_page=True)
+    page.click("#taskclaim-retry")
+    page.wait_for_selector("ul.messagelist li")
+    assert "Retry: “invoice 042” is now ready." in page.locator("ul.messagelist li").inner_text()
+    assert page.locator("#taskclaim-task-actions").get_attribute("data-state") == "ready"
+    assert page.locator("#taskclaim-retry").count() == 0
+    assert page.locator("#taskclaim-cancel").count() == 1
+    page.screenshot(path=str(ARTIFACTS / "task-page-after.png"), full_page=True)
+    page.emulate_media(color_scheme="dark")  # the admin's own classes follow its dark theme
+    cancel = page.locator("#taskclaim-cancel")
+    colours = cancel.evaluate(
+        "e => [getComputedStyle(e).color, getComputedStyle(e).backgroundColor]"
+    )
+    assert colours[0] != colours[1]
+    page.screenshot(path=str(ARTIFACTS / "task-page-dark.png"), full_page=True)
+    page.emulate_media(color_scheme="light")
+    row = Document.objects.get(pk=failed.pk)
+    assert (row.status, row.attempts) == ("ready", 0)
+
+    # Pause, then Resume, the model from the dashboard
+    page.goto(f"{base}/admin/taskclaim/workerprocess/dashboard/")
+    assert page.locator(".taskclaim-none-paused").count() == 1
+    form = page.locator("#taskclaim-pause-controls")  # one form: pick the model
+    form.locator('select[name="model"]').select_option("testapp.Document")
+    form.locator('input[name="reason"]').fill("month-end close")
+    form.locator('button[value="pause"]').click()
+    page.wait_for_selector("#taskclaim-paused tr.taskclaim-pause-row")
+    assert "Paused testapp.Document, all queues" in page.locator("ul.messagelist li").inner_text()
+    paused = page.locator('#taskclaim-paused tr[data-model="testapp.Document"]')
+    assert "month-end close" in paused.inner_text()
+    assert "boss" in paused.inner_text()
+    assert paused.locator("[data-backlog]").get_attribute("data-backlog") == "4"
+    assert Document.objects.claim(1, worker="browser-test") == []  # claims see the pause
+    page.screenshot(path=str(ARTIFACTS / "dashboard-paused.png"), full_page=True)
+    page.emulate_media(color_scheme="dark")
+    page.screenshot(path=str(ARTIFACTS / "dashboard-paused-dark.png"), full_page=True)
+    page.emulate_media(color_scheme="light")
+    paused.locator('button[value="resume"]').click()
+    page.wait_for_selector(".taskclaim-none-paused")
+    assert "Resumed testapp.Document, all queues." in (
+        page.locator("ul.messagelist li").inner_text()
+    )
+    assert len(Document.objects.claim(1, worker="browser-test")) == 1

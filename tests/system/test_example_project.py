@@ -102,6 +102,7 @@ def test_demo_drains_every_document_and_a_second_run_reuses_everything(demo_env)
     assert "seeded: 60 documents and 6 parser jobs" in out
     # Not a terminal: the progress lines still end at the final count.
     assert " 60/60 " in last_progress_line(out)
+    assert "." not in last_progress_line(out).split("]")[0]  # full: failed rows are finished
     assert "drained     yes, every document reached done or failed" in out
     assert summary_jobs(out) == 6
     assert "make serve" in out

@@ -75,7 +75,7 @@ def test_the_numeric_settings_are_exactly_the_bounded_ones():
     numeric = {
         k for k, v in DEFAULTS.items() if isinstance(v, int | float) and not isinstance(v, bool)
     }
-    assert numeric | {"HEARTBEAT_INTERVAL"} == set(BOUNDS)
+    assert numeric | {"HEARTBEAT_INTERVAL", "TIMEOUT", "TIMEOUT_GRACE"} == set(BOUNDS)
     for name, bound in BOUNDS.items():
         if DEFAULTS[name] is not None:
             assert setting_problem(name, DEFAULTS[name]) is None, name

@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
         "django_taskclaim.exceptions",
         "django_taskclaim.signals",
         "django_taskclaim.capped",
+        "django_taskclaim.telemetry",  # the worker's OpenTelemetry instruments (optional)
         "django_taskclaim.config",
         "django_taskclaim.config.settings",
         "django_taskclaim.config.bounds",
@@ -42,6 +43,7 @@ LAYERS: list[tuple[str, ...]] = [
     # 3: a model's options, as validated once
     (
         "django_taskclaim.config.claim_meta",
+        "django_taskclaim.config.rate_limits",  # ClaimMeta.rate_limit / key_rate_limit
         "django_taskclaim.config.options",
         "django_taskclaim.config.discovery",
     ),
@@ -61,7 +63,11 @@ LAYERS: list[tuple[str, ...]] = [
     # 7: recovery and wake-ups
     ("django_taskclaim.recovery", "django_taskclaim.wakeup"),
     # 8: the user's queryset API and the model mixins
-    ("django_taskclaim.model.queryset", "django_taskclaim.model.mixins"),
+    (
+        "django_taskclaim.model.enqueue",  # enqueue_many: bulk_create + one notify
+        "django_taskclaim.model.queryset",
+        "django_taskclaim.model.mixins",
+    ),
     # 9: the app's own models
     ("django_taskclaim.models",),
     # 10: features built on the models
@@ -75,6 +81,7 @@ LAYERS: list[tuple[str, ...]] = [
         "django_taskclaim.periodic.slots",
         "django_taskclaim.ops",
         "django_taskclaim.outbox",
+        "django_taskclaim.flow",  # pause / resume: writes QueuePause
     ),
     # 11: the worker
     ("django_taskclaim.worker",),

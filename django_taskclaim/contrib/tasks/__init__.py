@@ -2,7 +2,7 @@
 
 Add ``"django_taskclaim.contrib.tasks"`` to ``INSTALLED_APPS`` and point ``TASKS`` at
 :class:`django_taskclaim.contrib.tasks.backend.TaskClaimBackend`; run the tasks with
-``manage.py taskclaim_worker taskclaim_tasks.QueuedTask``. See ``docs/tasks-backend.md``.
+``manage.py worker taskclaim_tasks.QueuedTask``. See ``docs/tasks-backend.md``.
 
 Unique enqueue: :func:`enqueue_unique` (``enqueue_unique(task, key, *args, **kwargs)``)
 enqueues unless a ready or processing task has the same key; see ``docs/unique.md``.

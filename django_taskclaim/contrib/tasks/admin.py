@@ -15,12 +15,13 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
 from django_taskclaim.admin import ClaimableAdminMixin
+from django_taskclaim.admin.display import dotted
 from django_taskclaim.contrib.tasks.models import QueuedTask
 
 
 def _pretty(value: Any) -> str:
     return format_html(
-        '<pre style="white-space:pre-wrap;margin:0">{}</pre>',
+        '<pre class="taskclaim-json">{}</pre>',
         json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str),
     )
 
@@ -29,7 +30,9 @@ def _pretty(value: Any) -> str:
 class QueuedTaskAdmin(ClaimableAdminMixin, admin.ModelAdmin):  # type: ignore[misc]
     """Tasks enqueued through Django's Tasks API; arguments and results are read-only."""
 
-    list_display = ["task_path", "queue_name", "priority", "created_at"]
+    list_display = ["task", "queue_name", "created_at"]
+    #: Priority and "run after" are on each task's page: the list fits the admin's width.
+    claim_list_display = ("status_badge", "attempts", "holder", "lease_remaining", "short_error")
     list_filter = ["queue_name", "backend_name"]
     search_fields = ["task_path", "=id"]
     ordering = ["-created_at"]
@@ -55,6 +58,11 @@ class QueuedTaskAdmin(ClaimableAdminMixin, admin.ModelAdmin):  # type: ignore[mi
         """Tasks are created by ``enqueue()``, never by hand."""
         return False
 
+    @admin.display(description=_("task"), ordering="task_path")
+    def task(self, obj: QueuedTask) -> str:
+        """The task's dotted path, free to wrap after each dot (never inside a name)."""
+        return dotted(obj.task_path)
+
     @admin.display(description=_("arguments"))
     def arguments(self, obj: QueuedTask) -> str:
         """Positional and keyword arguments as stored (JSON)."""
@@ -73,7 +81,6 @@ class QueuedTaskAdmin(ClaimableAdminMixin, admin.ModelAdmin):  # type: ignore[mi
             return "—"
         return format_html_join(
             "",
-            '<p><strong>{}</strong></p><pre style="white-space:pre-wrap;margin:0 0 1em;'
-            'max-height:30em;overflow:auto">{}</pre>',
+            '<p><strong>{}</strong></p><pre class="taskclaim-error">{}</pre>',
             ((e.get("exception_class_path", "?"), e.get("traceback", "")) for e in entries),
         )

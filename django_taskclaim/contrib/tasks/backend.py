@@ -2,7 +2,7 @@
 
 ``TASKS = {"default": {"BACKEND": "django_taskclaim.contrib.tasks.backend.TaskClaimBackend"}}``
 stores each enqueued Task as a :class:`~django_taskclaim.contrib.tasks.models.QueuedTask`
-row; ``manage.py taskclaim_worker taskclaim_tasks.QueuedTask`` runs them. What a row stores
+row; ``manage.py worker taskclaim_tasks.QueuedTask`` runs them. What a row stores
 of the call (its JSON arguments, its unique key) is worked out in :mod:`.arguments`; what
 it checks of its options and of each task's priority and ``run_after``, in
 :mod:`.validation`.
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.core import checks
-from django.db import router
+from django.db import DatabaseError, router
 from django.tasks import Task, TaskResult
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
@@ -99,32 +101,54 @@ class TaskClaimBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
+        #: What is wrong with this backend's settings, one line each (empty: nothing).
+        #: Reported by :meth:`check` (``manage.py check``, ``migrate``, the worker) rather
+        #: than raised here: Django's check of ``TASKS`` builds every backend, and an
+        #: exception here would end it in a traceback instead of the check's message.
+        #: Using the backend (enqueue, validation, results) raises the first of them.
+        self.problems: list[str] = self._setting_problems()
+
+    def _setting_problems(self) -> list[str]:
+        """Each problem of ``OPTIONS``, ``QUEUES`` and the alias, as one line."""
         from django_taskclaim.contrib.tasks.models import (
             NAME_MAX_LENGTH,  # deferred: models need the app registry
         )
 
+        alias = self.alias
+        problems: list[str] = []
         unknown = sorted(set(self.options) - set(OPTION_NAMES))
         if unknown:
-            raise InvalidTaskBackend(
+            problems.append(
                 f"TASKS[{alias!r}]['OPTIONS'] has unknown key(s) {', '.join(unknown)}; "
                 f"{type(self).__name__} accepts {', '.join(sorted(OPTION_NAMES))}"
             )
         if len(alias) > NAME_MAX_LENGTH:
-            raise InvalidTaskBackend(
-                f"backend alias {alias!r} is longer than {NAME_MAX_LENGTH} characters"
-            )
-        for name in sorted(self.queues):
+            problems.append(f"backend alias {alias!r} is longer than {NAME_MAX_LENGTH} characters")
+        for name in sorted(self.queues, key=repr):
             if not isinstance(name, str) or not name or len(name) > NAME_MAX_LENGTH:
-                raise InvalidTaskBackend(
+                problems.append(
                     f"TASKS[{alias!r}]['QUEUES'] entry {name!r} must be a non-empty string of "
                     f"at most {NAME_MAX_LENGTH} characters"
                 )
-        if "max_attempts" in self.options:
-            max_attempts_value(self.options["max_attempts"], f"TASKS[{alias!r}] max_attempts")
-        self.retry_settings()  # validates the retry options now, not at the first failure
+        try:
+            if "max_attempts" in self.options:
+                max_attempts_value(self.options["max_attempts"], f"TASKS[{alias!r}] max_attempts")
+        except InvalidTaskBackend as exc:
+            problems.append(str(exc))
+        try:
+            self.retry_settings()  # the retry options now, not at the first failure
+        except InvalidTaskBackend as exc:
+            problems.append(str(exc))
         database = self.options.get("database")
         if database is not None and not isinstance(database, str):
-            raise InvalidTaskBackend(f"TASKS[{alias!r}] database must be an alias string")
+            problems.append(f"TASKS[{alias!r}] database must be an alias string")
+        return problems
+
+    def refuse_if_misconfigured(self) -> None:
+        """Raise ``InvalidTaskBackend`` with the first of :attr:`problems`, if any: a
+        backend whose settings are wrong stores and reads nothing."""
+        if self.problems:
+            raise InvalidTaskBackend(self.problems[0])
 
     # -- options ------------------------------------------------------------------
     @property
@@ -183,8 +207,10 @@ class TaskClaimBackend(BaseTaskBackend):
         finite whole number (NaN and infinities raise :class:`~.exceptions.InvalidTaskValue`,
         also a ``ValueError``, naming the value and the bound); queue names must be
         listed in ``QUEUES`` (unless it is ``[]``) and fit the column; a task's own
-        ``max_attempts`` must be between 1 and 1000.
+        ``max_attempts`` must be between 1 and 1000. A backend whose settings are wrong
+        (:attr:`problems`) raises ``InvalidTaskBackend`` for every task.
         """
+        self.refuse_if_misconfigured()
         run_after = task.run_after
         if run_after is not None and not isinstance(run_after, datetime | timedelta):
             raise InvalidTask(
@@ -217,6 +243,30 @@ class TaskClaimBackend(BaseTaskBackend):
         super().validate_task(probe)
 
     # -- enqueue --------------------------------------------------------------------
+    @contextmanager
+    def _migrated(self, using: str) -> Iterator[None]:
+        """Turn the database error of a statement on a task table that was never
+        migrated into ``InvalidTaskBackend`` saying to run ``migrate``; any other
+        database error goes through as it is."""
+        try:
+            yield
+        except DatabaseError as exc:
+            from django_taskclaim.worker.preflight import (
+                migrate_fix,  # deferred: only on this error path
+                schema_problems,
+            )
+
+            try:
+                problems = schema_problems([self.model], using, app_tables=False)
+            except DatabaseError:  # cannot ask (e.g. an aborted transaction): as it is
+                raise exc from None
+            if not problems:
+                raise
+            raise InvalidTaskBackend(
+                f"TASKS[{self.alias!r}] cannot store tasks: the database {using!r} lacks "
+                f"the task table ({'; '.join(problems)}): {migrate_fix(using)}"
+            ) from None
+
     def _new_row(
         self, task: Task, args_json: list[Any], kwargs_json: dict[str, Any], **extra: Any
     ) -> QueuedTask:
@@ -264,9 +314,10 @@ class TaskClaimBackend(BaseTaskBackend):
         args_json, kwargs_json = encode_arguments(task, args, kwargs)
         row = self._new_row(task, args_json, kwargs_json)
         using = self.database
-        retry_transient(
-            lambda: row.save(using=using, force_insert=True), using, what="enqueue task"
-        )
+        with self._migrated(using):
+            retry_transient(
+                lambda: row.save(using=using, force_insert=True), using, what="enqueue task"
+            )
         return self._enqueued(row, task)
 
     def enqueue_unique(
@@ -286,11 +337,13 @@ class TaskClaimBackend(BaseTaskBackend):
         args_json, kwargs_json = encode_arguments(task, args, kwargs)
         key = unique_key_for(task, args_json, kwargs_json) if key is None else key
         check_key(key)
-        row, created = insert_unique(
-            lambda: self._new_row(task, args_json, kwargs_json, unique_key=key),
-            using=self.database,
-            key_field="unique_key",
-        )
+        using = self.database
+        with self._migrated(using):
+            row, created = insert_unique(
+                lambda: self._new_row(task, args_json, kwargs_json, unique_key=key),
+                using=using,
+                key_field="unique_key",
+            )
         if created:
             return self._enqueued(row, task), True
         return to_result(row), False
@@ -309,15 +362,18 @@ class TaskClaimBackend(BaseTaskBackend):
         refreshed right after a state change sees it. Raises
         ``TaskResultDoesNotExist`` for an unknown or malformed id.
         """
+        self.refuse_if_misconfigured()
         model = self.model
         try:
-            row = model._base_manager.using(self.database).get(pk=self._key(result_id))
+            with self._migrated(self.database):
+                row = model._base_manager.using(self.database).get(pk=self._key(result_id))
         except model.DoesNotExist:
             raise TaskResultDoesNotExist(result_id) from None
         return to_result(row)
 
     async def aget_result(self, result_id: Any) -> TaskResult:
         """Async twin of :meth:`get_result`."""
+        self.refuse_if_misconfigured()
         model = self.model
         try:
             row = await model._base_manager.using(self.database).aget(pk=self._key(result_id))
@@ -326,14 +382,26 @@ class TaskClaimBackend(BaseTaskBackend):
         return to_result(row)
 
     def check(self, **kwargs: Any) -> list[Any]:
-        """System check: the sub-app must be installed for this backend to work."""
+        """System check (Django's check of ``TASKS`` calls it): the sub-app must be
+        installed (``taskclaim_tasks.E001``) and ``OPTIONS`` / ``QUEUES`` valid
+        (``taskclaim_tasks.E002``, one error per :attr:`problems` line)."""
+        errors = []
         if not apps.is_installed(APP):
-            return [
+            errors.append(
                 checks.Error(
                     f"TASKS[{self.alias!r}] uses {type(self).__name__} but {APP!r} is not "
                     "in INSTALLED_APPS.",
                     hint=f"Add {APP!r} to INSTALLED_APPS and run migrate.",
                     id="taskclaim_tasks.E001",
                 )
-            ]
-        return []
+            )
+        errors += [
+            checks.Error(
+                problem,
+                hint=f"Fix TASKS[{self.alias!r}] in your settings; docs/tasks-backend.md lists "
+                "its options.",
+                id="taskclaim_tasks.E002",
+            )
+            for problem in self.problems
+        ]
+        return errors

@@ -10,13 +10,16 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from django_taskclaim.config.discovery import resolve_model
 from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.flow.pause import report
 from django_taskclaim.ops.figures import format_snapshot, snapshot
+from django_taskclaim.ops.reported import reported_models
 
 
 class Command(BaseCommand):
     help = (
         "Show, per claimable model, the rows in each state, expired leases, the age of the "
-        "oldest ready row, rows done in the last 5 and 60 minutes, and the live workers."
+        "oldest ready row, rows done in the last 5 and 60 minutes, the live workers, and the "
+        "paused queues with their ready backlog."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -35,8 +38,16 @@ class Command(BaseCommand):
             models_ = [resolve_model(label) for label in labels] if labels else None
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from None
-        snap = snapshot(models_, using=options["database"])
+        # Named models are always shown; the default leaves PeriodicRun out of a project
+        # that schedules no function and has no run (ops.reported).
+        shown = models_ if models_ is not None else reported_models(options["database"])
+        snap = snapshot(shown, using=options["database"])
+        pauses = report(models_, using=options["database"])  # paused queues and backlog
         if options["json"]:
-            self.stdout.write(json.dumps(snap.as_dict(), indent=2, sort_keys=True))
+            doc = {**snap.as_dict(), "paused": pauses}
+            self.stdout.write(json.dumps(doc, indent=2, sort_keys=True))
         else:
             self.stdout.write(format_snapshot(snap))
+            self.stdout.write(f"\npaused queues: {len(pauses)}")
+            for row in pauses:
+                self.stdout.write(f"  {row['text']}")

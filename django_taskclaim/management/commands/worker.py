@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any
 
+from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
@@ -23,6 +24,23 @@ from django_taskclaim.worker.fleet import plan
 from django_taskclaim.worker.options import add_arguments, from_command_line
 from django_taskclaim.worker.preflight import check_now
 from django_taskclaim.worker.supervisor import supervise
+
+#: The contrib app whose model a worker may name, by app label.
+TASKS_APP = "django_taskclaim.contrib.tasks"
+CONTRIB_APPS = {"taskclaim_tasks": TASKS_APP}
+
+
+def missing_contrib_app(label: str) -> str | None:
+    """For ``label`` of a contrib app that is not installed (``taskclaim_tasks.QueuedTask``
+    without ``django_taskclaim.contrib.tasks``), one line naming the app to add; else
+    ``None``."""
+    app = CONTRIB_APPS.get(label.partition(".")[0]) if isinstance(label, str) else None
+    if app is None or apps.is_installed(app):
+        return None
+    return (
+        f"{label} is the model of {app!r}, which is not installed: add {app!r} to "
+        "INSTALLED_APPS, then run python manage.py migrate"
+    )
 
 
 class Command(BaseCommand):
@@ -46,10 +64,22 @@ class Command(BaseCommand):
         configure_logging(int(options["verbosity"]))
         self.check(tags=[TAG])  # settings, claim options, poolers: SystemCheckError if wrong
         supervised = options["processes"] is not None
+        for label in options["models"]:
+            missing = missing_contrib_app(label)
+            if missing is not None:
+                raise CommandError(missing)
         try:
             configs = plan(options["models"], options["database"], **from_command_line(options))
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from None
+        if apps.is_installed(TASKS_APP):  # Django's check of TASKS, --queue against QUEUES
+            from django_taskclaim.contrib.tasks.preflight import (
+                worker_refusal,  # deferred: needs django.tasks (Django 6.0+)
+            )
+
+            refused = worker_refusal([m for c in configs for m in c.models], options["queue"])
+            if refused is not None:
+                raise CommandError(refused)
         # The schema checked once here, before any process starts (each worker checks
         # again once its database answers, which covers a database down just now).
         problem = check_now(configs)

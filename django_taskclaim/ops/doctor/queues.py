@@ -10,6 +10,7 @@ from django.db import DEFAULT_DB_ALIAS
 from django_taskclaim.config import bounds
 from django_taskclaim.config.settings import BOUNDS, taskclaim_settings
 from django_taskclaim.db import DbNow
+from django_taskclaim.flow.pause import describe, paused
 from django_taskclaim.models import WorkerProcess
 from django_taskclaim.ops.doctor.context import ModelContext
 from django_taskclaim.ops.doctor.findings import Finding, duration_option, human_bytes
@@ -24,6 +25,31 @@ READY_AGE, NOT_REAPED, FAILED, SILENT, PRUNE = (
     "TC-D023",
     "TC-D030",
 )
+#: Paused queues of a model (``docs/pause.md``).
+PAUSED = "TC-D024"
+
+
+def paused_queues(ctx: ModelContext) -> Finding:
+    """``TC-D024``: the model's paused queues, each with since when, by whom and its
+    ready backlog; a warning while any is paused (a pause is deliberate, a forgotten one
+    is a stopped queue)."""
+    rows = paused(ctx.model, using=ctx.alias)
+    if not rows:
+        return Finding(PAUSED, "ok", ctx.alias, "no queue is paused", ctx.label)
+    fix = "; ".join(
+        f"python manage.py taskclaim_queue resume {ctx.label}"
+        + (f" --queue {row.queue}" if row.queue else "")
+        for row in rows
+    )
+    return Finding(
+        PAUSED,
+        "warning",
+        ctx.alias,
+        "; ".join(describe(row, using=ctx.alias) for row in rows),
+        ctx.label,
+        detail="claims of the paused rows return nothing until resumed (docs/pause.md)",
+        fix=f"when the pause is over: {fix}",
+    )
 
 
 def ready_age(ctx: ModelContext) -> Finding:

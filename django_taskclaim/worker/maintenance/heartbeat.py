@@ -18,7 +18,11 @@ A lease that could not be renewed (database unreachable, row locked by someone e
 is watched: one interval before it can lapse, the body running under it is told to stop
 the same way, and an unstarted row is never started — before another worker could take
 the row, not after. The thread also refreshes the registry. It never dies: an error is
-logged and the next beat comes sooner.
+logged and the next beat comes sooner. After each beat it calls ``on_beat`` (the worker
+logs there each body still running past its deadline and grace: :mod:`..deadlines`;
+its lease was just renewed, so it is never run twice at once).
+After each beat or registry touch it adds the finished attempts counted since to the
+per-minute history (:mod:`..history`: one upsert, after the leases are renewed).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from django.db.models import Model
 from django_taskclaim.config.options import get_options
 from django_taskclaim.model.queryset import ClaimQuerySet
 from django_taskclaim.settle.outcome import cancel_flag
+from django_taskclaim.telemetry import instruments
 from django_taskclaim.worker.ledger import Ledger
 from django_taskclaim.worker.maintenance.registry import REGISTRY_INTERVAL, Registry
 from django_taskclaim.worker.service import Service
@@ -54,6 +59,7 @@ class Heartbeat(Service):
         worker_id: str,
         halt: threading.Event | None = None,
         on_lost: Callable[[Any], None] | None = None,
+        on_beat: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(
             "taskclaim-heartbeat",
@@ -63,12 +69,14 @@ class Heartbeat(Service):
             databases=(registry.db,),
         )
         self.on_lost = on_lost
+        self.on_beat = on_beat
         self.ledger = ledger
         self.registry = registry
         self.interval = interval
         self.lease_for = lease_for
         #: id(task) → (the task, monotonic time by which its lease surely still runs).
         self._until: dict[int, tuple[Any, float]] = {}
+        self.telemetry = instruments()  # None without OpenTelemetry: nothing measured
 
     def loop(self) -> None:
         """Beat every ``interval``, touch the registry in between; never dies: an error
@@ -99,6 +107,7 @@ class Heartbeat(Service):
                 )
                 next_beat = time.monotonic() + min(interval, self.retry_delay())
                 next_touch = next_beat
+            self.ledger.history.flush(self.using)  # the charts' counts; never raises
             self.stop_lapsing()
 
     def beat(self) -> None:
@@ -115,6 +124,8 @@ class Heartbeat(Service):
             sent = time.monotonic()
             lost, busy = ClaimQuerySet(model=model, using=self.using).renew_leases(snaps, lease)
             not_renewed = {(s.pk, s.version) for s in (*lost, *busy)}
+            if self.telemetry is not None:
+                self.telemetry.leases(model._meta.label, len(pairs) - len(not_renewed))
             for task, version in pairs:
                 if (task.pk, version) not in not_renewed:
                     self._until[id(task)] = (task, sent + lease)
@@ -126,6 +137,8 @@ class Heartbeat(Service):
                 )
             if lost:
                 self.mark_lost(pairs, {(s.pk, s.version) for s in lost})
+        if self.on_beat is not None:
+            self.on_beat()  # e.g. log the bodies still running past their deadline
         self.registry.touch()
 
     def _track(self, held: list[Any]) -> None:
@@ -178,6 +191,8 @@ class Heartbeat(Service):
             where = self.ledger.mark_lost(task, version)
             if where is not None:
                 cancel_flag(task).set()
+                if self.telemetry is not None:
+                    self.telemetry.lease_lost(task)
             if where == "running" and self.on_lost is not None:
                 self.on_lost(task)
             label = type(task)._meta.label

@@ -3,7 +3,9 @@
 :class:`Listener` LISTENs on ``TASKCLAIM_NOTIFY_CHANNEL`` (the channel
 :func:`~django_taskclaim.wakeup.notify.notify` and the table triggers of
 :mod:`~django_taskclaim.wakeup.trigger` send on) over its own psycopg connection, outside
-Django's, and calls ``on_wake(label)`` for each notification of a model it serves.
+Django's, and calls ``on_wake(label)`` for each notification of a model it serves. A
+pause or resume notification (:data:`~django_taskclaim.claim.paused.NOTICE_PREFIX`) first
+drops the process's snapshot of the paused queues.
 Notifications are only a hint: workers also poll (with jitter), so a lost notification
 delays a task by at most one poll interval and never loses it.
 
@@ -23,6 +25,7 @@ from typing import Any
 from django.db import connections
 
 from django_taskclaim.backends import for_alias, for_connection
+from django_taskclaim.claim.paused import invalidate, notice_label
 from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.worker.dbconn import back, trouble
 from django_taskclaim.worker.service import Service, logger
@@ -142,7 +145,12 @@ class Listener(Service):
         last_check = time.monotonic()
         while not self.stopped:
             for note in self._conn.notifies(timeout=1.0):
-                if not note.payload or note.payload in self.labels:
+                paused_label = notice_label(note.payload)
+                if paused_label is not None:  # a pause or resume: claims re-read the pauses
+                    invalidate(self.using)
+                    if paused_label in self.labels:
+                        self.on_wake(paused_label)
+                elif not note.payload or note.payload in self.labels:
                     self.on_wake(note.payload or None)
                 if self.stopped:
                     return

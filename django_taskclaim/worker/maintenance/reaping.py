@@ -21,6 +21,7 @@ from django.db.models import Model
 from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.locks import LeaseLock
 from django_taskclaim.recovery.reap import recover
+from django_taskclaim.telemetry import instruments
 from django_taskclaim.worker.dbconn import close
 from django_taskclaim.worker.service import Service, one_line
 
@@ -98,6 +99,8 @@ class Reaping(Service):
             )
             return
         result = recover(self.models, using=self.using)
+        if result.total and (telemetry := instruments()) is not None:
+            telemetry.recovered(result.per_model)
         if result.requeued:
             self.on_requeued()
 
@@ -111,6 +114,8 @@ def reap_before_burst(models: list[type[Model]], *, using: str, worker_id: str) 
         close(using)
         logger.warning("reap before burst failed worker=%s error=%s", worker_id, one_line(exc))
         return
+    if result.total and (telemetry := instruments()) is not None:
+        telemetry.recovered(result.per_model)
     if result.total:
         logger.info(
             "reaped before burst worker=%s requeued=%s failed=%s",

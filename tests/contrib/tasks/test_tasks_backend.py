@@ -124,8 +124,19 @@ def test_backend_features_and_task_class():
     ],
 )
 def test_bad_options_are_refused_with_a_clear_message(options, message):
+    # Built without raising (Django's check of TASKS builds every backend): the check
+    # reports the problem, and every use of the backend raises it.
+    backend = TaskClaimBackend("bad", {"BACKEND": BACKEND, "OPTIONS": options})
+    [error] = backend.check()
+    assert error.id == "taskclaim_tasks.E002"
+    assert message in error.msg
     with pytest.raises(InvalidTaskBackend, match=re.escape(message)):
-        TaskClaimBackend("bad", {"BACKEND": BACKEND, "OPTIONS": options})
+        backend.validate_task(ex.add)
+    with pytest.raises(InvalidTaskBackend, match=re.escape(message)):
+        backend.enqueue(ex.add, (1,), {})
+    with pytest.raises(InvalidTaskBackend, match=re.escape(message)):
+        backend.get_result("00000000-0000-0000-0000-000000000000")
+    assert not QueuedTask.objects.exists()
 
 
 def test_older_django_is_refused_with_a_clear_message():

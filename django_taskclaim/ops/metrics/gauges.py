@@ -1,0 +1,156 @@
+"""The database-side gauges for alerting: per model and queue, the rows ``ready``,
+``processing`` and ``failed``, the leases expired and the age of the oldest row ready
+to run; the paused queues; the live and silent workers.
+
+Cheap enough to scrape every few seconds: one aggregate query per model (its ``ready``,
+``processing`` and ``failed`` rows only, never the finished ones), one read of the
+database clock, one of the pause table and one of the live workers' models. Every age
+is the database's ``now()`` minus a stored time (DB CLOCK: never the web server's
+clock). Served as Prometheus text by :mod:`.views` and ``manage.py taskclaim_metrics``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import models, router
+from django.db.models import Aggregate, Count, Min, Q
+
+from django_taskclaim.config.discovery import claimable_models
+from django_taskclaim.config.options import ClaimOptions, get_options
+from django_taskclaim.db import DbNow, db_now
+from django_taskclaim.rules import lease_expired_q, live_worker_q, silent_worker_q
+
+__all__ = ["QUEUE_FIELD", "Gauges", "QueueGauges", "collect", "queue_gauges"]
+
+#: The field a model's queues are told apart by (the worker's ``--queue``).
+QUEUE_FIELD = "queue_name"
+#: The states counted, each a gauge.
+STATES = ("ready", "processing", "failed")
+
+
+@dataclass(frozen=True)
+class QueueGauges:
+    """The gauges of one queue of one model (``queue`` is ``""`` for a model without
+    queues, and for rows whose ``queue_name`` is empty)."""
+
+    model: str
+    queue: str
+    ready: int
+    processing: int
+    failed: int
+    expired: int
+    #: seconds since the oldest row ready to run now was created (database clock); 0.0
+    #: when none is; None when the model has no ``created_at`` field
+    oldest_ready_age: float | None
+
+
+@dataclass
+class Gauges:
+    """Every gauge of one database at one moment (``now``: its clock)."""
+
+    now: datetime
+    queues: list[QueueGauges] = field(default_factory=list)
+    #: (model label, queue) of each paused queue; queue ``""``: all of the model's queues
+    paused: list[tuple[str, str]] = field(default_factory=list)
+    live_workers: int = 0
+    silent_workers: int = 0
+    #: model label -> live workers that serve it
+    live_workers_by_model: dict[str, int] = field(default_factory=dict)
+
+
+def _has_queues(model: type[models.Model]) -> bool:
+    return any(f.name == QUEUE_FIELD for f in model._meta.concrete_fields)
+
+
+def _due_q(opts: ClaimOptions) -> Q:
+    """``ready`` and due: the rows ``claimable()`` returns (its ``run_after`` rule)."""
+    q = opts.status_q("ready")
+    if opts.has("run_after"):
+        q &= Q(run_after__isnull=True) | Q(run_after__lte=DbNow())
+    return q
+
+
+def queue_gauges(model: type[models.Model], now: datetime, *, using: str) -> list[QueueGauges]:
+    """The gauges of ``model`` on ``using``, one per queue that has ``ready``,
+    ``processing`` or ``failed`` rows (one entry with zeros, queue ``""``, when none
+    has: a model's gauges never vanish); ``now`` is the database clock. One query."""
+    opts = get_options(model)
+    label = opts.label
+    counted = Q()
+    for state in STATES:
+        counted |= opts.status_q(state)
+    # Prefixed names: an annotation may not take the name of one of the model's fields.
+    figures: dict[str, Aggregate] = {
+        f"tc_{state}": Count("pk", filter=opts.status_q(state)) for state in STATES
+    }
+    figures["tc_expired"] = Count("pk", filter=lease_expired_q(opts))
+    if opts.has("created_at"):
+        figures["tc_oldest"] = Min("created_at", filter=_due_q(opts))
+    qs = model._base_manager.using(using).filter(counted).order_by()
+    if _has_queues(model):
+        rows = list(qs.values(QUEUE_FIELD).annotate(**figures))
+    else:
+        rows = [qs.aggregate(**figures)]
+    found = []
+    for row in rows:
+        oldest = row.get("tc_oldest")
+        found.append(
+            QueueGauges(
+                model=label,
+                queue=str(row.get(QUEUE_FIELD) or ""),
+                ready=int(row["tc_ready"] or 0),
+                processing=int(row["tc_processing"] or 0),
+                failed=int(row["tc_failed"] or 0),
+                expired=int(row["tc_expired"] or 0),
+                oldest_ready_age=(
+                    None
+                    if not opts.has("created_at")
+                    else 0.0
+                    if oldest is None
+                    else max(0.0, (now - oldest).total_seconds())
+                ),
+            )
+        )
+    if not found:
+        age = 0.0 if opts.has("created_at") else None
+        found.append(QueueGauges(label, "", 0, 0, 0, 0, age))
+    return sorted(found, key=lambda g: g.queue)
+
+
+def collect(
+    targets: Iterable[type[models.Model]] | None = None, *, using: str | None = None
+) -> Gauges:
+    """The gauges of ``targets`` (default: every claimable model), the paused queues and
+    the workers, read from ``using`` (default: each model's read database; the clock,
+    pauses and workers from the ``WorkerProcess`` table's). Every age against the
+    database clock."""
+    from django_taskclaim.models import QueuePause, WorkerProcess  # the app registry first
+
+    chosen = sorted(
+        targets if targets is not None else claimable_models(), key=lambda m: m._meta.label
+    )
+    home = using or router.db_for_read(WorkerProcess)
+    clocks: dict[str, datetime] = {}
+    gauges = Gauges(now=db_now(home))
+    clocks[home] = gauges.now
+    for model in chosen:
+        db = using or router.db_for_read(model)
+        if db not in clocks:
+            clocks[db] = db_now(db)
+        gauges.queues.extend(queue_gauges(model, clocks[db], using=db))
+    gauges.paused = list(
+        QueuePause.objects.using(home).order_by("model", "queue").values_list("model", "queue")
+    )
+    workers = WorkerProcess.objects.using(home)
+    gauges.silent_workers = workers.filter(silent_worker_q()).count()
+    by_model: dict[str, int] = {model._meta.label: 0 for model in chosen}
+    for labels in workers.filter(live_worker_q()).values_list("model_labels", flat=True):
+        gauges.live_workers += 1
+        for label in set(labels or []):
+            if label in by_model:
+                by_model[label] += 1
+    gauges.live_workers_by_model = by_model
+    return gauges

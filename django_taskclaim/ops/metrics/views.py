@@ -1,0 +1,67 @@
+"""The Prometheus scrape view: the gauges of :mod:`.gauges` as text (:mod:`.exposition`).
+
+Add it to your ``urls.py``; it answers only a request that carries
+``Authorization: Bearer <TASKCLAIM_METRICS_TOKEN>`` (compared in constant time) or comes
+from a logged-in active staff user, and ``403`` to anyone else. See
+docs/observability.md.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+
+from django.db import DatabaseError
+from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_safe
+
+from django_taskclaim.config.settings import taskclaim_settings
+from django_taskclaim.ops.metrics.exposition import CONTENT_TYPE, render
+from django_taskclaim.ops.metrics.gauges import collect
+
+__all__ = ["allowed", "metrics_view"]
+
+logger = logging.getLogger("django_taskclaim.ops.metrics")
+
+
+def allowed(request: HttpRequest) -> bool:
+    """Whether ``request`` may read the metrics: it carries the bearer token of
+    ``TASKCLAIM_METRICS_TOKEN`` (when that is set), or its user is an active staff
+    member (with ``AuthenticationMiddleware``). Nothing else passes."""
+    token = taskclaim_settings.METRICS_TOKEN
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    given = given.strip()
+    if (
+        token
+        and scheme.lower() == "bearer"
+        and given
+        and hmac.compare_digest(given.encode(), str(token).encode())
+    ):
+        return True
+    user = getattr(request, "user", None)
+    return bool(user is not None and user.is_active and user.is_staff)
+
+
+@never_cache
+@require_safe
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """Prometheus text of every claimable model's gauges, the paused queues and the
+    workers (database clock), read fresh on each request: ``403`` unless
+    :func:`allowed`, ``503`` with one line when the database cannot be read."""
+    if not allowed(request):
+        return HttpResponseForbidden(
+            "forbidden: send Authorization: Bearer <TASKCLAIM_METRICS_TOKEN> or log in as staff\n",
+            content_type="text/plain; charset=utf-8",
+        )
+    try:
+        text = render(collect())
+    except DatabaseError as exc:
+        logger.warning("metrics not read: database error=%s", " ".join(str(exc).split()))
+        return HttpResponse(
+            "database unavailable\n", status=503, content_type="text/plain; charset=utf-8"
+        )
+    response = HttpResponse(text, content_type=CONTENT_TYPE)
+    response["Vary"] = "Authorization, Cookie"
+    return response

@@ -1,0 +1,180 @@
+"""The database-side gauges on the real database: a known set of rows, scraped through
+the protected view with Django's test client and printed by ``taskclaim_metrics``, each
+parsed with prometheus_client's own parser and checked against the rows."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
+from django.test import override_settings
+
+from django_taskclaim.config.discovery import claimable_models
+from django_taskclaim.db import DbNow
+from django_taskclaim.models import QueuePause, WorkerProcess
+from django_taskclaim.ops.metrics.exposition import METRICS
+from tests.support.testapp.models import Document
+
+parser = pytest.importorskip("prometheus_client.parser", reason="prometheus_client not installed")
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.urls("tests.support.metrics_urls"),
+]
+
+URL = "/metrics/taskclaim"
+DOC = "testapp.Document"
+TOKEN = "s3cret-token"
+
+
+def families(text: str) -> dict[str, dict[tuple, float]]:
+    """name -> {sorted label items: value}, parsed by prometheus_client."""
+    found: dict[str, dict[tuple, float]] = {}
+    for family in parser.text_string_to_metric_families(text):
+        assert family.type == "gauge", family.name
+        samples = found.setdefault(family.name, {})
+        for sample in family.samples:
+            samples[tuple(sorted(sample.labels.items()))] = sample.value
+    return found
+
+
+def at(found: dict, name: str, **labels: str) -> float:
+    return found[name][tuple(sorted(labels.items()))]
+
+
+@pytest.fixture
+def rows():
+    """4 ready (one scheduled for later), 2 processing (one lease expired), 1 failed,
+    2 done; the whole model paused; one live and one silent worker."""
+    ready = [Document.objects.create(title=f"r{i}") for i in range(3)]
+    Document.objects.filter(pk=ready[0].pk).update(created_at=DbNow() - timedelta(seconds=600))
+    later = Document.objects.create(title="later")
+    Document.objects.filter(pk=later.pk).update(
+        created_at=DbNow() - timedelta(seconds=5000), run_after=DbNow() + timedelta(hours=1)
+    )
+    for title, lease in (("expired", -60), ("running", 600)):
+        doc = Document.objects.create(title=title)
+        Document.objects.filter(pk=doc.pk).update(
+            status="processing", attempts=1, locked_until=DbNow() + timedelta(seconds=lease)
+        )
+    Document.objects.create(title="failed", status="failed")
+    Document.objects.create(title="d1", status="done")
+    Document.objects.create(title="d2", status="done")
+    QueuePause.objects.create(model=DOC, queue="", paused_by="test")
+    WorkerProcess.objects.create(
+        worker_id="live:1", hostname="h", pid=1, model_labels=[DOC, "testapp.Job"]
+    )
+    WorkerProcess.objects.create(worker_id="silent:2", hostname="h", pid=2, model_labels=[DOC])
+    WorkerProcess.objects.filter(worker_id="silent:2").update(
+        last_seen=DbNow() - timedelta(hours=1)
+    )
+
+
+def check(found: dict) -> None:
+    """The gauges of the ``rows`` fixture."""
+    assert set(found) == set(METRICS)
+    for state, n in (("ready", 4), ("processing", 2), ("failed", 1)):
+        assert at(found, "taskclaim_tasks", model=DOC, queue="", state=state) == n
+    assert at(found, "taskclaim_expired_leases", model=DOC, queue="") == 1
+    # the oldest row ready now was created 600 s ago (database clock); the older row
+    # scheduled for later does not count
+    age = at(found, "taskclaim_oldest_ready_age_seconds", model=DOC, queue="")
+    assert 600 <= age < 900
+    assert found["taskclaim_queue_paused"] == {(("model", DOC), ("queue", "")): 1}
+    assert at(found, "taskclaim_workers_live") == 1
+    assert at(found, "taskclaim_workers_silent") == 1
+    assert at(found, "taskclaim_model_workers_live", model=DOC) == 1
+    assert at(found, "taskclaim_model_workers_live", model="testapp.Job") == 1
+    # every claimable model has its gauges, zeros included
+    for model in claimable_models():
+        label = model._meta.label
+        assert at(found, "taskclaim_expired_leases", model=label, queue="") >= 0
+        if label != DOC:
+            assert at(found, "taskclaim_tasks", model=label, queue="", state="ready") == 0
+
+
+@override_settings(TASKCLAIM_METRICS_TOKEN=TOKEN)
+def test_a_scrape_with_the_token_reads_the_gauges_of_the_rows(client, rows):
+    response = client.get(URL, HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    check(families(response.content.decode()))
+
+
+def test_a_staff_user_reads_them_without_a_token(client, rows):
+    staff = get_user_model().objects.create_user("ops", password="x", is_staff=True)
+    client.force_login(staff)
+    response = client.get(URL)
+    assert response.status_code == 200
+    check(families(response.content.decode()))
+
+
+@pytest.mark.parametrize(
+    ("token", "header"),
+    [
+        (None, ""),
+        (None, f"Bearer {TOKEN}"),  # no token configured: no token accepted
+        ("", "Bearer "),  # an empty token is no token
+        (TOKEN, ""),
+        (TOKEN, "Bearer wrong"),
+        (TOKEN, f"Basic {TOKEN}"),
+        (TOKEN, f"Bearer {TOKEN}x"),
+    ],
+)
+def test_anyone_else_gets_403_and_no_figures(client, rows, token, header):
+    with override_settings(TASKCLAIM_METRICS_TOKEN=token):
+        extra = {"HTTP_AUTHORIZATION": header} if header else {}
+        response = client.get(URL, **extra)
+    assert response.status_code == 403
+    assert b"taskclaim_" not in response.content
+
+
+def test_a_logged_in_user_who_is_not_staff_gets_403(client, rows):
+    user = get_user_model().objects.create_user("someone", password="x")
+    client.force_login(user)
+    assert client.get(URL).status_code == 403
+    user.is_staff, user.is_active = True, False
+    user.save()
+    assert client.get(URL).status_code == 403
+
+
+@override_settings(TASKCLAIM_METRICS_TOKEN=TOKEN)
+def test_only_get_and_head_are_answered(client, rows):
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
+    assert client.post(URL, **auth).status_code == 405
+    assert client.head(URL, **auth).status_code == 200
+
+
+def test_the_command_prints_the_same_gauges(rows):
+    out = StringIO()
+    call_command("taskclaim_metrics", stdout=out)
+    check(families(out.getvalue()))
+    out = StringIO()
+    call_command("taskclaim_metrics", DOC, "--database", "default", stdout=out)
+    found = families(out.getvalue())
+    assert {dict(k)["model"] for k in found["taskclaim_tasks"]} == {DOC}
+    assert at(found, "taskclaim_tasks", model=DOC, queue="", state="ready") == 4
+
+
+def test_the_command_refuses_bad_input_in_one_line(rows):
+    with pytest.raises(CommandError, match="unknown database alias 'nope'"):
+        call_command("taskclaim_metrics", "--database", "nope")
+    with pytest.raises(CommandError) as info:
+        call_command("taskclaim_metrics", "testapp.Nope")
+    assert "testapp.Nope" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_an_empty_database_gives_zeros_not_missing_series():
+    out = StringIO()
+    call_command("taskclaim_metrics", DOC, stdout=out)
+    found = families(out.getvalue())
+    for state in ("ready", "processing", "failed"):
+        assert at(found, "taskclaim_tasks", model=DOC, queue="", state=state) == 0
+    assert at(found, "taskclaim_oldest_ready_age_seconds", model=DOC, queue="") == 0
+    assert at(found, "taskclaim_workers_live") == 0
+    assert at(found, "taskclaim_model_workers_live", model=DOC) == 0
+    assert found["taskclaim_queue_paused"] == {}
