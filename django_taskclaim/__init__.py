@@ -73,6 +73,8 @@ _LAZY = {
     "ActiveKeyField": "django_taskclaim.model.unique",
     "insert_unique": "django_taskclaim.model.unique_insert",
     "UniqueKeyRaceError": "django_taskclaim.model.unique_insert",
+    # bulk enqueue
+    "enqueue_many": "django_taskclaim.model.enqueue",
     # flow control
     "pause": "django_taskclaim.flow.pause",
     "resume": "django_taskclaim.flow.pause",
@@ -122,6 +124,7 @@ __all__ = [
     "concurrency_constraint",
     "concurrency_slot",
     "db_now",
+    "enqueue_many",
     "get_options",
     "insert_unique",
     "is_paused",
