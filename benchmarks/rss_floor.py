@@ -96,7 +96,7 @@ def _idle_worker() -> float:
         "TASKCLAIM_BENCH_DB_NAME": DB_NAME,
     }
     py = [sys.executable, "-m", "django"]
-    subprocess.run([*py, "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    subprocess.run([*py, "migrate", "--run-syncdb", "-v0"], cwd=ROOT, env=env, check=True)
     argv = [*py, "taskclaim_worker", "benchapp.BenchTask", "--concurrency", "1"]
     argv += ["--batch", "1", "--no-reap", "--poll", "5"]
     proc = subprocess.Popen(
