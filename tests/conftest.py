@@ -92,6 +92,20 @@ def _flush_postgresql_touched_tables() -> None:
 
 
 @pytest.fixture(autouse=True)
+def fresh_claim_caches():
+    """Every test starts and ends with this process's snapshot of the pauses and its
+    memory of rate-limit rings dropped: a flushed or rolled-back pause table must not be
+    remembered as paused by the next test, nor a flushed ring as made."""
+    from django_taskclaim.claim import paused, rate
+
+    paused.invalidate()
+    rate._ENSURED.clear()
+    yield
+    paused.invalidate()
+    rate._ENSURED.clear()
+
+
+@pytest.fixture(autouse=True)
 def no_leaked_lease_renewers():
     """A test must not leave a lease renewer running: it would renew into the next test's
     database and fail there, far from its cause. One left behind is stopped and reported

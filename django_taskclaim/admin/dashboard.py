@@ -16,13 +16,17 @@ from django_taskclaim.admin.display import humanize_seconds, site_by_name, state
 from django_taskclaim.admin.filters import ClaimStatusFilter, LeaseFilter
 from django_taskclaim.admin.pause import pause_form_context, pause_url, paused_rows
 from django_taskclaim.db import db_now
+from django_taskclaim.flow.rate_view import RatedModel, rate_view
 from django_taskclaim.model.status import STATE_NAMES
 from django_taskclaim.models import WorkerProcess
 from django_taskclaim.ops.figures import ModelStats, live_workers, model_stats
 from django_taskclaim.ops.reported import reported_models
 from django_taskclaim.rules import silent_after
 
-__all__ = ["dashboard_context", "dashboard_view"]
+__all__ = ["RING_ROWS", "dashboard_context", "dashboard_view"]
+
+#: The most rings of one model the dashboard lists (a per-key limit has one per key).
+RING_ROWS = 20
 
 
 def _can_see(request: HttpRequest, model: type[models.Model]) -> bool:
@@ -56,7 +60,9 @@ def dashboard_context(request: HttpRequest, site: admin.AdminSite | None = None)
     ``PeriodicRun`` is left out where no function is scheduled and no run exists
     (:func:`~django_taskclaim.ops.reported.reported_models`). Paused queues are listed
     with their ready backlog; the pause / resume form is offered only to users with the
-    change permission of a model.
+    change permission of a model. The rate limits of the models shown are listed, per
+    ring, with the starts in the window (database clock), busiest first, at most
+    :data:`RING_ROWS` rings per model.
 
     Over all of a model's rows, no figure scans its finished rows
     (:func:`~django_taskclaim.ops.figures.model_stats` with ``fast``): "done, last N
@@ -110,6 +116,7 @@ def dashboard_context(request: HttpRequest, site: admin.AdminSite | None = None)
         "taskclaim_paused": paused_list,
         "taskclaim_pause_url": pause_url(site),
         "taskclaim_can_pause": any(row["pause"]["can_change"] for row in rows),
+        "taskclaim_rates": _rate_rows(rate_view(visible)),
         "taskclaim_next": request.get_full_path(),
     }
 
@@ -142,6 +149,33 @@ def _dashboard_row(stats: ModelStats, url: str) -> dict[str, Any]:
         "done_source": stats.done_source,
         "estimated": bool(stats.estimated),
     }
+
+
+def _rate_rows(rated: list[RatedModel]) -> list[dict[str, Any]]:
+    """Per rate-limited model: its limits as written, and its busiest rings."""
+    out = []
+    for model in rated:
+        rings = sorted(model.rings, key=lambda r: (not r.at_limit, -r.starts))[:RING_ROWS]
+        out.append(
+            {
+                "label": model.model,
+                "name": model.name,
+                "limits": [
+                    f"{lim.text} per {lim.per}" if lim.field else lim.text for lim in model.limits
+                ],
+                "rings": [
+                    {
+                        **ring.as_dict(),
+                        "next_free_text": humanize_seconds(ring.next_free)
+                        if ring.next_free >= 60
+                        else f"{ring.next_free:.1f}s",
+                    }
+                    for ring in rings
+                ],
+                "more": len(model.rings) - len(rings),
+            }
+        )
+    return out
 
 
 def dashboard_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:

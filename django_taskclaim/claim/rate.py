@@ -69,12 +69,13 @@ def wait_hint() -> float | None:
 def ring_scope(limit: RateLimit, value: Any = None) -> str:
     """The ``scope`` of the ring of ``limit`` for the field value ``value``: ``""`` for a
     model-wide limit, ``queue:<value>`` / ``key:<value>`` otherwise (a value longer than
-    200 characters by its SHA-256)."""
+    200 characters by its SHA-256); ``key(null)`` / ``queue(null)`` for ``None`` (no colon,
+    so no value's scope can be the same)."""
     if limit.field is None:
         return ""
-    text = "" if value is None else str(value)
     if value is None:
-        text = "\x00null"
+        return f"{limit.per}(null)"
+    text = str(value)
     if len(text) > 200:
         text = "#" + hashlib.sha256(text.encode()).hexdigest()
     return f"{limit.per}:{text}"
@@ -148,8 +149,10 @@ def claim_limited(
         return []
     if blocked and len(rows) < r.n:
         hint, missing = _wait(sql, r.db, label, blocked)
-        if missing and again:
-            return claim_limited(claim, r, again=False)
+        if missing and again:  # a ring was emptied by hand: made again, look once more
+            rest = r.n - len(rows)
+            more = claim_limited(claim, replace(r, n=rest, cache_key=None), again=False)
+            return rows + more  # the rows claimed already are the caller's too
         _local.hint = hint
     return rows
 

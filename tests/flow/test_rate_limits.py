@@ -267,6 +267,24 @@ def test_key_rate_limit_is_one_ring_per_key() -> None:
     assert taken == {1: 2, 2: 2, 3: 2}
 
 
+def test_rows_without_a_key_share_one_ring_of_their_own() -> None:
+    """``None`` key values are one scope (``key(null)``), apart from every real value's
+    ``key:<value>``; PostgreSQL refused the NUL byte an earlier marker held."""
+    KeyedErrand.objects.bulk_create(KeyedErrand(customer_id=c) for c in (None, 1) for _ in range(4))
+    taken: dict[int | None, int] = {}
+    with claim_meta(KeyedErrand, key_rate_limit="2/h"):
+        while True:
+            got = KeyedErrand.objects.claim(10)
+            if not got:
+                break
+            for task in got:
+                taken[task.customer_id] = taken.get(task.customer_id, 0) + 1
+                task.complete()
+    assert taken == {None: 2, 1: 2}
+    scopes = set(RateSlot.objects.values_list("scope", flat=True))
+    assert scopes == {"key(null)", "key:1"}
+
+
 # ------------------------------------------------------------------------ the worker
 
 
@@ -293,8 +311,9 @@ def test_worker_waits_for_the_slot_and_does_not_end_its_burst_early() -> None:
 
 def test_many_connections_per_key_never_exceed_the_key_limit() -> None:
     """Six threads on their own connections claim keyed rows of four customers (and
-    finish each at once: one row processing per key) for about three windows: no key
-    ever has more than 3 claim times in any 0.5 s, and each reaches 3."""
+    finish each at once: one row processing per key) until every key has filled a window
+    (or a deadline): no key ever has more than 3 claim times in any 0.5 s, and each
+    reaches 3."""
     KeyedErrand.objects.bulk_create(KeyedErrand(customer_id=c) for _ in range(40) for c in range(4))
     starts: dict[int, list[Any]] = {c: [] for c in range(4)}
     lock = threading.Lock()
@@ -319,7 +338,13 @@ def test_many_connections_per_key_never_exceed_the_key_limit() -> None:
         threads = [threading.Thread(target=claimer) for _ in range(6)]
         for t in threads:
             t.start()
-        stop.wait(1.6)  # a duration of work, not a synchronisation
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not errors:  # until every key filled a window
+            with lock:
+                filled = all(max_in_window(s, 0.5) >= 3 for s in starts.values())
+            if filled:
+                break
+            stop.wait(0.05)
         stop.set()
         for t in threads:
             t.join(60)

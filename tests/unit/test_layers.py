@@ -81,7 +81,7 @@ LAYERS: list[tuple[str, ...]] = [
         "django_taskclaim.periodic.slots",
         "django_taskclaim.ops",
         "django_taskclaim.outbox",
-        "django_taskclaim.flow",  # pause / resume: writes QueuePause
+        "django_taskclaim.flow",  # pause / resume (writes QueuePause); rate_view (reads RateSlot)
     ),
     # 11: the worker
     ("django_taskclaim.worker",),

@@ -11,6 +11,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django_taskclaim.config.discovery import resolve_model
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.flow.pause import report
+from django_taskclaim.flow.rate_view import rate_report
 from django_taskclaim.ops.figures import format_snapshot, snapshot
 from django_taskclaim.ops.reported import reported_models
 
@@ -19,7 +20,7 @@ class Command(BaseCommand):
     help = (
         "Show, per claimable model, the rows in each state, expired leases, the age of the "
         "oldest ready row, rows done in the last 5 and 60 minutes, the live workers, and the "
-        "paused queues with their ready backlog."
+        "paused queues with their ready backlog, and each rate limit's starts in its window."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -43,11 +44,16 @@ class Command(BaseCommand):
         shown = models_ if models_ is not None else reported_models(options["database"])
         snap = snapshot(shown, using=options["database"])
         pauses = report(models_, using=options["database"])  # paused queues and backlog
+        rates = rate_report(models_, using=options["database"])  # rate-limited rings
         if options["json"]:
-            doc = {**snap.as_dict(), "paused": pauses}
+            doc = {**snap.as_dict(), "paused": pauses, "rate_limits": rates}
             self.stdout.write(json.dumps(doc, indent=2, sort_keys=True))
         else:
             self.stdout.write(format_snapshot(snap))
             self.stdout.write(f"\npaused queues: {len(pauses)}")
             for row in pauses:
                 self.stdout.write(f"  {row['text']}")
+            if rates:
+                self.stdout.write(f"\nrate limits: {len(rates)}")
+                for row in rates:
+                    self.stdout.write(f"  {row['text']}")

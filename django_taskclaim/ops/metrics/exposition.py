@@ -25,6 +25,9 @@ METRICS = {
     "taskclaim_oldest_ready_age_seconds": "Seconds since the oldest row ready to run now was "
     "created (database clock); 0 when none is.",
     "taskclaim_queue_paused": "1 for each paused queue (queue empty: all of the model's queues).",
+    "taskclaim_rate_limit_starts": "Starts (claims) in the rate limit ring's current "
+    "window (database clock); scope empty: the whole model.",
+    "taskclaim_rate_limit": "The rate limit's N: at most this many starts in any window.",
     "taskclaim_workers_live": "Registered workers heard from recently (not stopped).",
     "taskclaim_workers_silent": "Registered workers not stopped and not heard from for "
     "TASKCLAIM_WORKER_SILENT_AFTER seconds (shown only, never taken as dead).",
@@ -72,6 +75,12 @@ def render(gauges: Gauges) -> str:
         samples["taskclaim_queue_paused"].append(
             _sample("taskclaim_queue_paused", (("model", model), ("queue", queue)), 1)
         )
+    for ring in gauges.rate_rings:
+        where = (("model", ring.model), ("scope", ring.shown_scope))
+        samples["taskclaim_rate_limit_starts"].append(
+            _sample("taskclaim_rate_limit_starts", where, ring.starts)
+        )
+        samples["taskclaim_rate_limit"].append(_sample("taskclaim_rate_limit", where, ring.count))
     samples["taskclaim_workers_live"].append(
         _sample("taskclaim_workers_live", (), gauges.live_workers)
     )

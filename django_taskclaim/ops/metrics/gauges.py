@@ -1,10 +1,11 @@
 """The database-side gauges for alerting: per model and queue, the rows ``ready``,
 ``processing`` and ``failed``, the leases expired and the age of the oldest row ready
-to run; the paused queues; the live and silent workers.
+to run; the paused queues; the rate limits' rings; the live and silent workers.
 
 Cheap enough to scrape every few seconds: one aggregate query per model (its ``ready``,
 ``processing`` and ``failed`` rows only, never the finished ones), one read of the
-database clock, one of the pause table and one of the live workers' models. Every age
+database clock, one of the pause table, one aggregate query per rate-limited model
+over its slot rows, and one of the live workers' models. Every age
 is the database's ``now()`` minus a stored time (DB CLOCK: never the web server's
 clock). Served as Prometheus text by :mod:`.views` and ``manage.py taskclaim_metrics``.
 """
@@ -21,6 +22,7 @@ from django.db.models import Aggregate, Count, Min, Q
 from django_taskclaim.config.discovery import claimable_models
 from django_taskclaim.config.options import ClaimOptions, get_options
 from django_taskclaim.db import DbNow, db_now
+from django_taskclaim.flow.rate_view import RateRing, rate_view
 from django_taskclaim.rules import lease_expired_q, live_worker_q, silent_worker_q
 
 __all__ = ["QUEUE_FIELD", "Gauges", "QueueGauges", "collect", "queue_gauges"]
@@ -55,6 +57,9 @@ class Gauges:
     queues: list[QueueGauges] = field(default_factory=list)
     #: (model label, queue) of each paused queue; queue ``""``: all of the model's queues
     paused: list[tuple[str, str]] = field(default_factory=list)
+    #: the rings of the rate limits (a per-key ring only while it has a start in its
+    #: window: one series per key ever seen would grow without bound)
+    rate_rings: list[RateRing] = field(default_factory=list)
     live_workers: int = 0
     silent_workers: int = 0
     #: model label -> live workers that serve it
@@ -141,6 +146,8 @@ def collect(
         if db not in clocks:
             clocks[db] = db_now(db)
         gauges.queues.extend(queue_gauges(model, clocks[db], using=db))
+    for rated in rate_view(chosen, using=using):
+        gauges.rate_rings.extend(r for r in rated.rings if r.per != "key" or r.starts)
     gauges.paused = list(
         QueuePause.objects.using(home).order_by("model", "queue").values_list("model", "queue")
     )
