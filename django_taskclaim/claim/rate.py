@@ -34,6 +34,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, transaction
+from django.db.models import Q
 
 from django_taskclaim.backends.rate_slots import RateSlotSQL, rate_sql
 from django_taskclaim.capped import CappedCache
@@ -49,6 +50,9 @@ __all__ = ["claim_limited", "ring_scope", "wait_hint"]
 #: The shortest wait a held-back claim suggests (a ring whose slots are all locked by
 #: claims still committing reads as free "now").
 MIN_WAIT = 0.002
+#: How many times one claim of a model with per-queue / per-key limits looks past the
+#: groups held back (by their ring or their concurrency limit) for rows of other groups.
+GROUP_PASSES = 4
 
 _local = threading.local()
 #: Rings this process has created: (alias, model, scope, count).
@@ -132,21 +136,34 @@ def claim_limited(
     grouped = [lim for lim in limits if lim.field is not None]
     for lim in whole:
         _ensure(sql, r.db, label, "", lim)
-    groups: list[tuple[tuple[Any, ...], int]] = [((), r.n)]
-    if grouped:
-        groups = _groups(r, [lim.field for lim in grouped if lim.field])
-        for values, _need in groups:
-            for lim, value in zip(grouped, values, strict=True):
-                _ensure(sql, r.db, label, ring_scope(lim, value), lim)
+    rows: list[Any] = []
     blocked: list[tuple[RateLimit, str]] = []
-    try:
-        with transaction.atomic(using=r.db), conn.cursor() as cursor:
-            rows = _claim_in_transaction(
-                claim, r, sql, cursor, label, whole, grouped, groups, blocked
-            )
-    except _SlotMoved:  # a clock rounding edge: claim nothing now, look again at once
-        _local.hint = MIN_WAIT
-        return []
+    passed: list[tuple[Any, ...]] = []  # groups that gave fewer rows than they had
+    for _ in range(GROUP_PASSES if grouped else 1):
+        todo = r if not passed else _without(r, grouped, passed, r.n - len(rows))
+        groups: list[tuple[tuple[Any, ...], int]] = [((), todo.n)]
+        if grouped:
+            groups = _groups(todo, [lim.field for lim in grouped if lim.field])
+            if not groups:
+                break
+            for values, _need in groups:
+                for lim, value in zip(grouped, values, strict=True):
+                    _ensure(sql, r.db, label, ring_scope(lim, value), lim)
+        short: list[tuple[Any, ...]] = []
+        try:
+            with transaction.atomic(using=r.db), conn.cursor() as cursor:
+                got = _claim_in_transaction(
+                    claim, todo, sql, cursor, label, whole, grouped, groups, blocked, short
+                )
+        except _SlotMoved:  # a clock rounding edge: claim nothing now, look again at once
+            _local.hint = MIN_WAIT
+            return rows
+        rows.extend(got)
+        if len(rows) >= r.n or not short or any(scope == "" for _, scope in blocked):
+            break
+        # Rows of other groups may wait behind the groups held back (by their ring or
+        # their concurrency limit): look past those, in claim order, once more.
+        passed.extend(short)
     if blocked and len(rows) < r.n:
         hint, missing = _wait(sql, r.db, label, blocked)
         if missing and again:  # a ring was emptied by hand: made again, look once more
@@ -155,6 +172,21 @@ def claim_limited(
             return rows + more  # the rows claimed already are the caller's too
         _local.hint = hint
     return rows
+
+
+def _without(
+    r: ClaimRequest, grouped: list[RateLimit], groups: list[tuple[Any, ...]], n: int
+) -> ClaimRequest:
+    """``r`` without the rows of ``groups`` (each a value per grouped limit's field), at
+    most ``n`` rows; compiled afresh (no cache key)."""
+    qs: models.QuerySet[Any] = r.qs
+    for values in groups:
+        match = Q()
+        for lim, value in zip(grouped, values, strict=True):
+            field = str(lim.field)
+            match &= Q(**{f"{field}__isnull": True}) if value is None else Q(**{field: value})
+        qs = qs.exclude(match)
+    return replace(r, qs=qs, n=n, cache_key=None)
 
 
 def _groups(r: ClaimRequest, fields: list[str]) -> list[tuple[tuple[Any, ...], int]]:
@@ -178,6 +210,7 @@ def _claim_in_transaction(
     grouped: list[RateLimit],
     groups: list[tuple[tuple[Any, ...], int]],
     blocked: list[tuple[RateLimit, str]],
+    short: list[tuple[Any, ...]],
 ) -> list[Any]:
     budget = r.n
     held: list[tuple[RateLimit, list[int]]] = []
@@ -202,12 +235,15 @@ def _claim_in_transaction(
             group_held.append((lim, ids))
             want = min(want, len(ids))
         if want <= 0:
+            short.append(values)
             continue
         if grouped:
             sub = _narrowed(r, grouped, values, want)
         else:
             sub = replace(r, n=want) if want != r.n else r
         got = claim(sub)
+        if len(got) < need:
+            short.append(values)
         if not got:
             continue
         starts = _starts(got, r.lease)

@@ -26,6 +26,7 @@ from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.models import RateSlot
 from django_taskclaim.worker import EXIT_OK, Worker, WorkerConfig
 from tests.support.flowapp.models import Errand, KeyedErrand
+from tests.support.keyedapp.models import PairJob
 from tests.support.testapp.models import Document
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -265,6 +266,34 @@ def test_key_rate_limit_is_one_ring_per_key() -> None:
                 taken[task.customer_id] = taken.get(task.customer_id, 0) + 1
                 task.complete()
     assert taken == {1: 2, 2: 2, 3: 2}
+
+
+def _flood() -> None:
+    """50 rows of customer 0 first in line, then one row each of customers 1 to 5."""
+    PairJob.objects.bulk_create(PairJob(customer_id=0) for _ in range(50))
+    PairJob.objects.bulk_create(PairJob(customer_id=c) for c in range(1, 6))
+
+
+def test_a_key_out_of_slots_does_not_hold_back_the_other_keys() -> None:
+    """One customer flooding the queue does not set the pace for the others: a claim
+    looks past a key whose ring is full for rows of keys that have slots."""
+    _flood()
+    with claim_meta(PairJob, key_rate_limit="2/h"):
+        first = [t.customer_id for t in PairJob.objects.claim(5)]
+        second = [t.customer_id for t in PairJob.objects.claim(5)]
+        assert PairJob.objects.claim(5) == []
+    assert sorted(first) == [0, 0, 1, 2, 3]
+    assert sorted(second) == [4, 5]
+
+
+def test_a_key_at_its_concurrency_limit_does_not_hold_back_the_other_keys() -> None:
+    """A key rate limit that never binds changes nothing of what the concurrency limit
+    lets through: the keys after a key at its limit are still claimed."""
+    _flood()
+    with claim_meta(PairJob, key_rate_limit="1000/s"):
+        assert [t.customer_id for t in PairJob.objects.claim(2)] == [0, 0]
+        got = [t.customer_id for t in PairJob.objects.claim(5)]
+    assert sorted(got) == [1, 2, 3, 4, 5]
 
 
 def test_rows_without_a_key_share_one_ring_of_their_own() -> None:

@@ -6,11 +6,16 @@ from) as it starts, committed at once, so a killed attempt stays counted. Then: 
 window of one second holds more than 300 starts, every row is done, a row ran twice
 only if the killed worker held it, and the ring still lends all its 300 slots (nothing
 leaked).
+
+The per-key test does the same under ``key_rate_limit = "10/s"`` with 20 key values
+(``keyedapp.PairJob``, whose concurrency key is ``customer_id``): every key's busiest
+sliding second holds at most 10 starts, and every key's ring lends all its 10 slots.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db.models import Max
@@ -20,7 +25,7 @@ from django_taskclaim.model.status import Status
 from django_taskclaim.models import RateSlot
 from tests.flow.test_rate_limits import claim_meta, max_in_window
 from tests.support.helpers import wait_for
-from tests.support.keyedapp.models import KeyRun
+from tests.support.keyedapp.models import KeyRun, PairJob
 from tests.support.testapp.models import Document
 from tests.support.worker_procs import WorkerProc, stop_all
 
@@ -28,7 +33,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 RATE = "300/s"
 LIMIT, WINDOW = 300, 1.0
-LEASE = 3.0
+LEASE = 10.0  # long enough that a worker stalled by a loaded machine keeps its leases
 META = {
     "rate_limit": RATE,
     "lease": LEASE,
@@ -99,3 +104,107 @@ def test_fleet_never_exceeds_the_limit_and_a_kill_leaks_no_slot() -> None:
     )
     with claim_meta(Document, rate_limit=RATE, lease=LEASE):
         assert len(Document.objects.claim(LIMIT + 10)) == LIMIT
+
+
+KEY_RATE = "10/s"
+KEY_LIMIT, KEY_WINDOW = 10, 1.0
+KEYS = 20
+#: Rows of one key processing at once: a key's whole window may run together, so only
+#: the rate limit holds a key back (PairJob's constraint has a concurrency slot).
+KEY_CONCURRENCY = KEY_LIMIT
+#: Rows are enqueued in blocks of this many per key, key after key (0, 1, … 19, 0, …):
+#: a claim of 5 then meets one or two keys, not five (the limiter takes, claims and
+#: charges per key, each claim statement compiled afresh: one row per key in turn
+#: passes too, but at a third of the speed, over 50 s on a loaded 2-core machine).
+BLOCK = 10
+KEY_META = {
+    "key_rate_limit": KEY_RATE,
+    "concurrency_limit": KEY_CONCURRENCY,
+    "lease": LEASE,
+}
+
+
+def test_fleet_never_exceeds_the_key_limit_of_any_key_and_a_kill_leaks_no_slot() -> None:
+    """Eight workers, 3,000 rows over 20 keys, ``key_rate_limit = "10/s"``, one worker
+    SIGKILLed while it holds claims."""
+    PairJob.objects.bulk_create(
+        PairJob(customer_id=key, work=0.02)
+        for _ in range(3000 // KEYS // BLOCK)
+        for key in range(KEYS)
+        for _ in range(BLOCK)
+    )
+    procs = [
+        WorkerProc(
+            "keyedapp.PairJob",
+            "--concurrency=4",
+            "--batch=5",
+            "--poll=0.2",
+            f"--worker-id=rk-{i}",
+            settings=SETTINGS,
+            claim_meta=KEY_META,
+            env={"TASKCLAIM_T_CLAIMMETA_MODEL": "keyedapp.PairJob"},
+        )
+        for i in range(8)
+    ]
+    try:
+        victim = procs[0]
+        victim.wait_started(timeout=60)
+        wait_for(
+            lambda: (
+                KeyRun.objects.count() >= 900
+                and PairJob.objects.filter(status=Status.PROCESSING, locked_by="rk-0").exists()
+            ),
+            timeout=90,
+            what="the victim holding claims mid-run",
+        )
+        held = set(
+            PairJob.objects.filter(status=Status.PROCESSING, locked_by="rk-0").values_list(
+                "pk", flat=True
+            )
+        )
+        victim.kill()
+        wait_for(
+            lambda: PairJob.objects.filter(status=Status.DONE).count() == 3000,
+            timeout=120,
+            what="every row done",
+        )
+    finally:
+        stop_all(procs)
+    assert held
+    runs = list(KeyRun.objects.values_list("task_id", "key", "token", "claimed_until"))
+    assert {run[1] for run in runs} == set(range(KEYS))
+    per_key: dict[int, list[Any]] = {}
+    for _, key, _, until in runs:
+        per_key.setdefault(key, []).append(until - timedelta(seconds=LEASE))
+    busiest = {key: max_in_window(starts, KEY_WINDOW) for key, starts in per_key.items()}
+    assert max(busiest.values()) <= KEY_LIMIT, busiest
+    assert {task for task, *_ in runs} == set(PairJob.objects.values_list("pk", flat=True))
+    per_task: dict[int, list[int]] = {}
+    for task, _, token, _ in runs:
+        per_task.setdefault(task, []).append(token)
+    again = {task for task, tokens in per_task.items() if len(tokens) > 1}
+    assert again <= held  # only the killed worker's rows ran a second time
+    assert all(len(set(t)) == len(t) for t in per_task.values())  # one holder per token
+    # Nothing leaked: every key's ring is whole and, a window later, lends every slot.
+    rings = RateSlot.objects.filter(model="keyedapp.PairJob")
+    assert sorted(rings.values_list("scope", flat=True).distinct()) == sorted(
+        f"key:{key}" for key in range(KEYS)
+    )
+    for key in range(KEYS):
+        assert rings.filter(scope=f"key:{key}").count() == KEY_LIMIT
+    PairJob.objects.bulk_create(
+        PairJob(customer_id=key) for _ in range(KEY_LIMIT + 2) for key in range(KEYS)
+    )
+    latest = rings.aggregate(m=Max("last_start"))["m"]
+    wait_for(
+        lambda: db_now() > latest + timedelta(seconds=KEY_WINDOW),
+        timeout=30,
+        what="one window past the last start (database clock)",
+    )
+    # One claim of every new row; the concurrency limit raised so it alone cannot stop it.
+    with claim_meta(PairJob, key_rate_limit=KEY_RATE, concurrency_limit=100, lease=LEASE):
+        got = PairJob.objects.claim(KEYS * (KEY_LIMIT + 2))
+    by_key: dict[int, int] = {}
+    for task in got:
+        by_key[task.customer_id] = by_key.get(task.customer_id, 0) + 1
+    assert by_key == dict.fromkeys(range(KEYS), KEY_LIMIT)
