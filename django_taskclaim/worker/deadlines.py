@@ -110,6 +110,8 @@ class Deadlines:
     def disarm(self, task: Any) -> float | None:
         """The body of ``task`` returned: stop watching it. Returns its deadline (seconds)
         if the body ran past it, else ``None``."""
+        if id(task) not in self._armed:  # never armed (only this thread arms its body)
+            return None
         with self._changed:
             entry = self._armed.pop(id(task), None)
         if entry is None:
