@@ -28,7 +28,7 @@ for the diagram and the life of a task through them):
 - :mod:`.dbconn` — connection trouble, backoff, the waits a reconnect ends;
 - :mod:`.exits` — exit codes.
 
-``manage.py taskclaim_worker`` only parses its options into :meth:`WorkerConfig.build`.
+``manage.py worker`` only parses its options into :meth:`WorkerConfig.build`.
 """
 
 from __future__ import annotations

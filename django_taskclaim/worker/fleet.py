@@ -1,6 +1,6 @@
 """One worker fleet over several databases.
 
-``manage.py taskclaim_worker --database a --database b`` (or ``TASKCLAIM_WORKER_DATABASES``)
+``manage.py worker --database a --database b`` (or ``TASKCLAIM_WORKER_DATABASES``)
 drains the claimable models on each alias. Each alias gets its own worker processes
 (``--processes`` of them, one by default) under one supervisor, so each database has its
 own claims, leases, heartbeats, reaping and (PostgreSQL) ``LISTEN``, and the databases

@@ -1,7 +1,7 @@
 """The worker's options, each declared once: :data:`OPTIONS`.
 
 One :class:`Option` per option (its keyword, its command-line spellings, type, default,
-bounds and help) drives the command line of ``manage.py taskclaim_worker``
+bounds and help) drives the command line of ``manage.py worker``
 (:func:`add_arguments`, :func:`from_command_line`), the values of
 :meth:`~django_taskclaim.worker.config.WorkerConfig.build` (:func:`resolve`: text or
 Python values, checked with :func:`django_taskclaim.config.bounds.number`) and the

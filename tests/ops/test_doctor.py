@@ -261,7 +261,7 @@ def test_rows_processing_long_past_their_lease_say_to_run_the_reaper():
     assert found.severity == "warning"
     assert found.title == ("1 row(s) still processing more than 2h 00m after their lease ended")
     assert "2 expired lease(s) in all" in found.detail
-    assert found.fix.startswith("Run python manage.py taskclaim_reap testapp.Document now")
+    assert found.fix.startswith("Run python manage.py reaper testapp.Document now")
     call_command("taskclaim_reap", DOC, stdout=StringIO())  # the fix
     assert one(diagnose([Document]), "TC-D021").title == "no row is processing past its lease"
 
@@ -286,7 +286,7 @@ def test_a_long_wait_of_the_oldest_ready_row_is_warned_of():
     assert found.severity == "warning"
     assert found.title.startswith("the oldest due ready row has waited 2h ")
     assert "0 live worker(s) serve testapp.Document" in found.detail
-    assert "python manage.py taskclaim_worker testapp.Document" in found.fix
+    assert "python manage.py worker testapp.Document" in found.fix
 
 
 @pytest.mark.django_db
@@ -298,7 +298,7 @@ def test_a_silent_worker_is_named_with_the_command_that_frees_its_rows():
     found = one(diagnose([Document]), "TC-D023", None)
     assert (found.severity, found.title) == ("warning", "1 silent worker(s): host:2")
     assert "host:2 is pid 2 on host" in found.detail
-    assert "python manage.py taskclaim_reap --release-worker host:2 " in found.fix
+    assert "python manage.py reaper --release-worker host:2 " in found.fix
     WorkerProcess.objects.filter(worker_id="host:2").update(stopped_at=DbNow())
     assert one(diagnose([Document]), "TC-D023", None).severity == "ok"
 

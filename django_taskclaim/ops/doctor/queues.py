@@ -76,7 +76,7 @@ def ready_age(ctx: ModelContext) -> Finding:
         label,
         detail=f"{stats.counts.get('ready', 0)} ready rows; {serving} live worker(s) serve "
         f"{label}; a warning above {humanize_seconds(ctx.limits.ready_age)}",
-        fix=f"Run (more) workers for it: {ctx.command('taskclaim_worker')} "
+        fix=f"Run (more) workers for it: {ctx.command('worker')} "
         "(--concurrency / --processes for more at once); taskclaim_stats shows the live ones.",
     )
 
@@ -111,8 +111,8 @@ def not_reaped(ctx: ModelContext) -> Finding:
             detail=f"{expired} expired lease(s) in all. Workers reap every "
             f"TASKCLAIM_REAP_INTERVAL ({interval:g}s), so no worker or reaper runs for this "
             "database, or its reaps fail",
-            fix=f"Run {ctx.command('taskclaim_reap')} now (it takes them back), then keep "
-            "workers running (they reap) or run python manage.py taskclaim_reap --interval "
+            fix=f"Run {ctx.command('reaper')} now (it takes them back), then keep "
+            "workers running (they reap) or run python manage.py reaper --interval "
             f"{interval:g} as a service",
         )
     if expired:
@@ -173,7 +173,7 @@ def silent_workers(alias: str) -> Finding:
         "paused, cut off or dead; their rows wait for their leases. "
         + "; ".join(f"{w} is pid {pid} on {host}" for w, host, pid in rows),
         fix="Check each process on its host. For one that is gone, "
-        f"python manage.py taskclaim_reap --release-worker {first}{option} frees its rows "
+        f"python manage.py reaper --release-worker {first}{option} frees its rows "
         "now (never for one that runs), then delete its row in the admin (Workers).",
     )
 
