@@ -116,8 +116,9 @@ def test_broken_recipes_double_claim(tmp_path, recipe):
     """The harness can fail: the well-known broken recipes hand rows to two claimers."""
     if connection.vendor != "postgresql":
         pytest.skip("the double claims are demonstrated on PostgreSQL")
-    # 300 rows: most of them (70-99 % in trial runs) are handed out twice.
-    Document.objects.bulk_create([Document(title=str(i)) for i in range(300)])
+    # Most rows (70-99 % in trial runs) are handed out twice; 1,000 of them keep the
+    # claimers overlapping even when a loaded machine starts them far apart.
+    Document.objects.bulk_create([Document(title=str(i)) for i in range(1000)])
     claims, _ = run_claimers(tmp_path, recipe=recipe, batch_max=5)
     counts = Counter(c["pk"] for c in claims)
     doubles = sum(1 for k in counts.values() if k > 1)
