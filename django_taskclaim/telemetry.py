@@ -6,8 +6,11 @@ Optional (``pip install django-taskclaim[otel]``, the ``opentelemetry-api`` pack
 and free without it: :func:`instruments` returns ``None`` when ``opentelemetry`` cannot
 be imported (tried once, remembered), and each worker thread keeps that value and tests
 it for ``None`` before it reads a clock or builds a label; nothing else runs per job.
-With the API installed the instruments record into the global ``MeterProvider`` (a no-op
-until the application sets one), or into the one given to :func:`configure`.
+With the API installed the instruments record into the global ``MeterProvider``, or into
+the one given to :func:`configure`; while no global provider is set (the API's
+placeholder, which drops every value) a worker measures nothing either, as without the
+package: set the provider before the worker starts (settings, ``AppConfig.ready()``, or
+``opentelemetry-instrument``).
 
 Callers: the claimer (claims), the executors (each attempt's outcome and body
 duration), the acknowledgements (batched completions and their latency), the heartbeat
@@ -181,8 +184,12 @@ def instruments() -> Instruments | None:
 def configure(meter_provider: Any = None) -> Instruments | None:
     """Record into ``meter_provider`` (an OpenTelemetry ``MeterProvider``; default: the
     global one, ``opentelemetry.metrics.get_meter_provider()``) from now on; return the
-    new instruments, or ``None`` when ``opentelemetry`` is not installed. Workers started
-    afterwards use them (one started before keeps the ones it took)."""
+    new instruments, or ``None`` when there is nothing to record into: ``opentelemetry``
+    is not installed, or no global provider was set (the API's default placeholder,
+    whose instruments drop every value, would cost a worker a few per cent of its time
+    per job for nothing). A global provider set later is taken by the next worker to
+    start (no answer is kept until one is set). Workers started afterwards use these
+    instruments (one started before keeps the ones it took)."""
     global _current
     with _lock:
         try:
@@ -191,8 +198,20 @@ def configure(meter_provider: Any = None) -> Instruments | None:
             _current = None
             return None
         provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
+        if meter_provider is None and _placeholder(provider, metrics):
+            _current = _UNSET  # asked again by the next worker: a provider may be set then
+            return None
         _current = Instruments(provider.get_meter(METER_NAME))
         return _current
+
+
+def _placeholder(provider: Any, metrics: Any) -> bool:
+    """Whether ``provider`` records nothing: the API's no-op provider, or its proxy
+    that stands in while no global provider is set (a private class: named, not
+    imported, so that an API without it still works)."""
+    return isinstance(provider, metrics.NoOpMeterProvider) or (
+        type(provider).__name__ == "_ProxyMeterProvider"
+    )
 
 
 def timed_out(task: Any) -> None:

@@ -165,6 +165,12 @@ class DatabaseSQL(LockSQL):
     #: here; MySQL / MariaDB have no partial indexes and skip such a constraint.
     partial_unique_constraints: ClassVar[bool] = False
 
+    @staticmethod
+    def array_param(values: list[Any]) -> Any:
+        """One array parameter of :meth:`complete_many_sql`, as the vendor reads it best
+        (here: the list, adapted by the driver)."""
+        return values
+
     def copy_rows_sql(self, table: str, columns: Sequence[str], select_sql: str) -> str:
         """``INSERT INTO <table> (<columns>) <select>``: the copy of an archive move
         (:mod:`django_taskclaim.recovery.archive`); ``table`` and ``columns`` quoted, the SELECT

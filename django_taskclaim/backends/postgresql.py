@@ -308,6 +308,16 @@ class PostgreSQL(PostgreSQLNotify, PostgreSQLLocks, DatabaseSQL):
             f'WHERE pg_try_advisory_xact_lock(%s, hashtext(c."pk"::text)) LIMIT {int(limit)}'
         )
 
+    @staticmethod
+    def array_param(values: list[Any]) -> Any:
+        """One array parameter of :meth:`complete_many_sql`: integers as one array literal
+        (``'{1,2,3}'``, read by the statement's ``::type[]`` cast), which the driver sends
+        as one string instead of quoting each element in Python; anything else as the
+        list itself (the driver's array adaptation)."""
+        if all(type(v) is int for v in values):
+            return "{" + ",".join(map(str, values)) + "}"
+        return values
+
     def complete_many_sql(
         self,
         c: ClaimColumns,

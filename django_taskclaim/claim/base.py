@@ -131,8 +131,23 @@ def column(model: type[models.Model], name: str, qn: Any) -> str:
     return str(qn(field.column))
 
 
+_COLUMNS: dict[tuple[type[models.Model], str], tuple[ClaimOptions, ClaimColumns]] = {}
+
+
 def claim_columns(model: type[models.Model], opts: ClaimOptions, conn: Any) -> ClaimColumns:
-    """The model's table and claim columns quoted for ``conn`` (``db_column`` honoured)."""
+    """The model's table and claim columns quoted for ``conn`` (``db_column`` honoured).
+    Kept per model and database alias while the model's options are the same object
+    (options are rebuilt when settings change)."""
+    key = (model, conn.alias)
+    kept = _COLUMNS.get(key)
+    if kept is not None and kept[0] is opts:
+        return kept[1]
+    found = _claim_columns(model, opts, conn)
+    _COLUMNS[key] = (opts, found)
+    return found
+
+
+def _claim_columns(model: type[models.Model], opts: ClaimOptions, conn: Any) -> ClaimColumns:
     qn = conn.ops.quote_name
     table = qn(model._meta.db_table)
     return ClaimColumns(

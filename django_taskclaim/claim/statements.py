@@ -12,9 +12,14 @@ per-row arrays in one fenced UPDATE, is :mod:`django_taskclaim.settle.batch_json
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, transaction
+from django.db.models.base import ModelState
+from django.db.models.fields.related_descriptors import ForeignKeyDeferredAttribute
+from django.db.models.query_utils import DeferredAttribute
+from django.db.models.signals import post_init, pre_init
 
 from django_taskclaim.backends import Statement, for_connection
 from django_taskclaim.capped import CappedCache
@@ -71,12 +76,49 @@ def _row_converters(model: type[models.Model], using: str) -> list[tuple[int, li
     return found
 
 
+#: Descriptors that store what is set in the instance's ``__dict__`` and nothing else
+#: (on a new instance): a field behind one of these may be filled in directly.
+_PLAIN_DESCRIPTORS = (DeferredAttribute, ForeignKeyDeferredAttribute)
+_DIRECT: dict[type[models.Model], tuple[str, ...] | None] = {}
+
+
+def _direct_attnames(model: type[models.Model]) -> tuple[str, ...] | None:
+    """The concrete fields' attnames when an instance of ``model`` read from the
+    database can be built by filling in its ``__dict__``, exactly as ``from_db`` would
+    build it; ``None`` when not: ``__init__`` or ``from_db`` overridden, or a field
+    whose descriptor does more than store the value. Decided once per model."""
+    if model in _DIRECT:
+        return _DIRECT[model]
+    found: tuple[str, ...] | None = None
+    if model.__init__ is models.Model.__init__ and getattr(
+        model.from_db, "__func__", None
+    ) is getattr(models.Model.from_db, "__func__", None):
+        attnames = tuple(f.attname for f in model._meta.concrete_fields)
+        if all(
+            type(inspect.getattr_static(model, name, None)) in _PLAIN_DESCRIPTORS
+            for name in attnames
+        ):
+            found = attnames
+    _DIRECT[model] = found
+    return found
+
+
 def _instances(model: type[models.Model], using: str, rows: list[tuple[Any, ...]]) -> list[Any]:
-    """Model instances from rows holding every concrete column in field order."""
+    """Model instances from rows holding every concrete column in field order.
+
+    The same instances as ``Model.from_db()`` makes (``_state`` not adding, its
+    database set, each field's value in ``__dict__``), without its per-row generic
+    path where nothing can tell the difference: the model overrides neither
+    ``__init__`` nor ``from_db``, no ``pre_init``/``post_init`` receiver listens to it,
+    and its fields' descriptors only store values (:func:`_direct_attnames`)."""
     conn = connections[using]
-    attnames = [f.attname for f in model._meta.concrete_fields]
     converters = _row_converters(model, using)
+    direct = _direct_attnames(model)
+    if direct is not None and (pre_init.has_listeners(model) or post_init.has_listeners(model)):
+        direct = None
+    attnames = direct or [f.attname for f in model._meta.concrete_fields]
     out = []
+    new = model.__new__
     for row in rows:
         if converters:
             values = list(row)
@@ -84,7 +126,17 @@ def _instances(model: type[models.Model], using: str, rows: list[tuple[Any, ...]
                 for func in funcs:
                     values[i] = func(values[i], col, conn)
             row = tuple(values)
-        out.append(model.from_db(using, attnames, row))
+        if direct is None:
+            out.append(model.from_db(using, attnames, row))
+            continue
+        obj = new(model)
+        state = ModelState()
+        state.adding = False
+        state.db = using
+        d = obj.__dict__
+        d["_state"] = state
+        d.update(zip(direct, row, strict=True))
+        out.append(obj)
     return out
 
 

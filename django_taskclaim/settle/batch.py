@@ -82,10 +82,11 @@ def complete_many(tasks: Iterable[Any]) -> list[Any]:
     groups: dict[tuple[type[models.Model], str], list[Any]] = {}
     checked: set[tuple[type[models.Model], frozenset[str]]] = set()
     for task in tasks:
-        names = frozenset(_pending(task)[0])
-        if names and (type(task), names) not in checked:  # refused before any write
-            check_fields(get_options(task), task, dict.fromkeys(names))
-            checked.add((type(task), names))
+        if task.__dict__.get(PENDING_ATTR):  # result fields: refused before any write
+            names = frozenset(_pending(task)[0])
+            if names and (type(task), names) not in checked:
+                check_fields(get_options(task), task, dict.fromkeys(names))
+                checked.add((type(task), names))
         groups.setdefault((type(task), _db(task)), []).append(task)
     lost: list[Any] = []
     for (model, using), group in groups.items():
@@ -140,9 +141,12 @@ def _complete_chunk(model: type[models.Model], using: str, tasks: list[Any]) -> 
     pending = {t.pk: _pending(t) for t in tasks}
     write = _chunk_writer(model, using, opts, tasks, tokens, pending)
     hit = retry_transient(write, using, what=f"complete {len(tasks)} {opts.label}")
-    won = tasks if hit == len(tasks) else _won(model, using, opts, tasks, tokens)
-    won_pks = {t.pk for t in won}
-    lost = [t for t in tasks if t.pk not in won_pks]
+    if hit == len(tasks):  # the usual: every row written
+        won, lost = tasks, []
+    else:
+        won = _won(model, using, opts, tasks, tokens)
+        won_ids = {id(t) for t in won}
+        lost = [t for t in tasks if id(t) not in won_ids]
     for task in tasks:
         task.__dict__.pop(PENDING_ATTR, None)  # written, or lost for good
     for task in lost:

@@ -183,8 +183,9 @@ def complete_many_in_one(
     if document is not None:
         params.append(document)
     else:
-        params.append([pk_field.get_db_prep_value(pk, conn) for pk in tokens])
-        params.append(list(tokens.values()))
+        backend = for_connection(conn)
+        params.append(backend.array_param([pk_field.get_db_prep_value(pk, conn) for pk in tokens]))
+        params.append(backend.array_param(list(tokens.values())))
         for name in names:
             prep = model._meta.get_field(name).get_db_prep_save  # type: ignore[union-attr]
             params.append([prep((results or {})[pk][name], conn) for pk in tokens])

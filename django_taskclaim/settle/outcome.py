@@ -75,19 +75,24 @@ class Attempt:
 
 
 def attempt(
-    task: Claimable, handler: Callable[[Any], Any], *, catch_base_exceptions: bool = False
+    task: Claimable,
+    handler: Callable[[Any], Any],
+    *,
+    catch_base_exceptions: bool = False,
+    sync: bool = False,
 ) -> Attempt:
     """Run the body once; never raises an ``Exception`` of the body (it is returned).
 
     ``ClaimMeta.atomic`` models run body and completion in one fenced transaction (a
     database error there means neither landed). With ``catch_base_exceptions`` (the
     worker), a ``BaseException`` of the body becomes a :class:`TaskAborted` failure
-    instead of ending the calling thread."""
+    instead of ending the calling thread. ``sync``: the caller knows ``handler`` is no
+    coroutine function (it is not inspected again)."""
     opts = get_options(task)
     try:
         if opts.atomic:
             return Attempt(result=_run_atomic(task, handler))
-        if inspect.iscoroutinefunction(handler):
+        if not sync and inspect.iscoroutinefunction(handler):
             return Attempt(result=async_to_sync(handler)(task))
         return Attempt(result=handler(task))
     except Exception as exc:
@@ -131,7 +136,7 @@ def settle(
         if state != "processing":
             return Outcome(state) if state else Outcome.UNKNOWN  # the body finished it
         result = done.result
-        fields = dict(result) if isinstance(result, Mapping) else {}
+        fields = {} if result is None else dict(result) if isinstance(result, Mapping) else {}
         batchable = isinstance(result, BatchableResult) and not any(
             isinstance(v, Combinable | models.Expression) for v in fields.values()
         )
@@ -200,13 +205,35 @@ def run_task(
 CANCEL_ATTR = "_taskclaim_cancel"
 
 
+_FLAG_LOCK = threading.Lock()
+
+
+class CancelFlag(threading.Event):
+    """A ``threading.Event`` whose lock and condition are made on first use: most flags
+    are only ever asked ``is_set()``, and a worker makes one per task (the condition
+    cost a tenth of the worker's own time per no-op job). Otherwise an ``Event``."""
+
+    def __init__(self) -> None:  # no super().__init__(): the condition comes on demand
+        self._flag = False
+
+    @property
+    def _cond(self) -> threading.Condition:
+        cond = self.__dict__.get("_lazy_cond")
+        if cond is None:
+            with _FLAG_LOCK:  # two threads asking at once get the same condition
+                cond = self.__dict__.get("_lazy_cond")
+                if cond is None:
+                    cond = self.__dict__["_lazy_cond"] = threading.Condition(threading.Lock())
+        return cond
+
+
 def cancel_flag(task: Claimable) -> threading.Event:
     """The ``threading.Event`` set once the claim of ``task`` is known to be lost
     (cancelled, released by an operator, reaped and taken by another worker). The same
     object for the life of the instance; created on first use."""
     flag = task.__dict__.get(CANCEL_ATTR)
     if flag is None:
-        flag = task.__dict__.setdefault(CANCEL_ATTR, threading.Event())
+        flag = task.__dict__.setdefault(CANCEL_ATTR, CancelFlag())
     return flag
 
 

@@ -59,6 +59,8 @@ def check_fields(opts: ClaimOptions, task: Any, fields: Mapping[str, Any]) -> No
     UPDATE would move the row), the claim bookkeeping (status, token, lease, holder,
     attempts, ``finished_at``, ``last_error``, the concurrency slot: the transitions set
     them) and names the model does not have. ``ValueError`` naming the field."""
+    if not fields:  # the usual result: nothing to check
+        return
     meta = task._meta
     pk = meta.pk
     keys = {"pk", pk.name, pk.attname} if pk is not None else {"pk"}

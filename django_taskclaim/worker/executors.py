@@ -46,6 +46,11 @@ from django_taskclaim.worker.service import one_line
 
 logger = logging.getLogger("django_taskclaim.worker")
 
+#: Seconds between two looks, by one executor, for a connection its server hung up
+#: (:func:`~.dbconn.drop_stale`): a hang-up is then replaced before the next task that
+#: starts this long after it (an outage another thread saw: before the very next task).
+STALE_POLL = 0.05
+
 
 class Executors:
     """``config.concurrency`` executor threads and their replacement after a crash."""
@@ -77,6 +82,7 @@ class Executors:
             report_fd=deadline_report,
         )
         self._bodies: dict[type, Body] = {}
+        self._plain: dict[type, tuple[Any, bool]] = {}  # sync bodies without ``cancel``
         self._grace_over = False  # async bodies cancelled at the end of the grace period
         self._finished: set[str] = set()  # ended normally (not crashed)
         self._crashes: list[float] = []  # monotonic times of crashes
@@ -147,22 +153,28 @@ class Executors:
                     return
                 continue
             try:
-                self.run_one(task)
+                self.run_one(task, me)
             finally:
                 self.ledger.settled(me)
             self.acks.flush(due_only=True)
 
-    def run_one(self, task: Claimable) -> Outcome:
-        """Run one claimed row and record its outcome; return the outcome."""
+    def run_one(self, task: Claimable, me: str | None = None) -> Outcome:
+        """Run one claimed row and record its outcome; return the outcome (``me``: the
+        calling executor thread's name, looked up when not given)."""
+        if me is None:
+            me = threading.current_thread().name
         label = type(task)._meta.label
-        drop_stale()  # a connection dead since an outage is replaced, not failed on
+        debug = logger.isEnabledFor(logging.DEBUG)
+        # A connection dead since an outage is replaced, not failed on; the server
+        # hanging up an idle one is looked for at most every STALE_POLL seconds.
+        drop_stale(every=STALE_POLL)
         alone = runs_alone(task)
         if alone:
             # It may be the task that killed a worker: nothing else of this process may
             # be lost with it. The claimer claims nothing while its body may run; wait
             # for the rows running beside it, then for every pending completion to be
             # written (here, or by the thread already writing it).
-            while not self.ledger.wait_alone(threading.current_thread().name, 1.0):
+            while not self.ledger.wait_alone(me, 1.0):
                 if self.halt.is_set():
                     break
             self.acks.flush()
@@ -170,20 +182,21 @@ class Executors:
                 if self.halt.is_set():
                     break
         flag = cancel_flag(task)  # before the body: the heartbeat may set it any time
-        handler = self._handler(task, flag)
+        handler, sync = self._handler(task, flag)
         started = time.monotonic()
-        logger.debug(
-            "task started task=%s:%s attempt=%s worker=%s",
-            label,
-            task.pk,
-            task.attempts,
-            self.worker_id,
-        )
+        if debug:
+            logger.debug(
+                "task started task=%s:%s attempt=%s worker=%s",
+                label,
+                task.pk,
+                task.attempts,
+                self.worker_id,
+            )
         if flag.is_set():  # taken back between claim and start: never started
             done = Attempt(error=ClaimLost(f"{label} pk={task.pk}: claim lost before start"))
         else:
             self.deadlines.arm(task)
-            done = attempt(task, handler, catch_base_exceptions=True)
+            done = attempt(task, handler, catch_base_exceptions=True, sync=sync)
             timeout = self.deadlines.disarm(task)
             if timeout is not None:  # ran past its deadline: a TimeoutError failure
                 done = self.deadlines.past(task, done, timeout)
@@ -193,7 +206,7 @@ class Executors:
             # body still running then is (this attempt counts).
             reason = f"worker {self.worker_id} stopped after its grace period"
             done = Attempt(error=Retry(delay=0, reason=reason))
-        self.ledger.finishing(threading.current_thread().name)
+        self.ledger.finishing(me)
         lost = flag.is_set() or self.ledger.is_lost(task)
         # A lost claim's outcome is written (fenced: it affects nothing) at once, never
         # deferred, so that it is reported now.
@@ -243,18 +256,24 @@ class Executors:
             )
         return outcome
 
-    def _handler(self, task: Claimable, flag: threading.Event) -> Any:
-        """The callable :func:`~django_taskclaim.settle.outcome.attempt` runs for ``task``."""
+    def _handler(self, task: Claimable, flag: threading.Event) -> tuple[Any, bool]:
+        """The callable :func:`~django_taskclaim.settle.outcome.attempt` runs for ``task``,
+        and whether it is known to be a plain function (no coroutine to run)."""
         model = model_of(task)
+        plain = self._plain.get(model)
+        if plain is not None:  # a sync body without the cancel flag: the usual
+            return plain
         body = self._bodies.get(model)
         if body is None:
             body = self._bodies[model] = Body.of(self.config.handlers[model])
-        kwargs = body.kwargs(flag)
+            if not body.is_async and not body.wants_cancel:
+                self._plain[model] = (body.handler, True)
+        kwargs = body.kwargs(flag) if body.wants_cancel else None
         if body.is_async and not get_options(model).atomic:
-            return lambda t: self.loop.run(body.handler, t, kwargs)
+            return (lambda t: self.loop.run(body.handler, t, kwargs or {})), True
         if kwargs:  # a partial: an atomic async body is still seen as a coroutine function
-            return functools.partial(body.handler, **kwargs)
-        return body.handler
+            return functools.partial(body.handler, **kwargs), not body.is_async
+        return body.handler, not body.is_async
 
     def claim_lost(self, task: Claimable) -> None:
         """The heartbeat found the claim of running ``task`` taken back: set its flag,

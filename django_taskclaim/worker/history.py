@@ -74,7 +74,7 @@ class History:
         """An attempt of ``task`` ended with ``outcome`` (an ``Outcome``): count it if
         that is ``done`` or ``failed``; anything else (retry, lost, deferred…) is not a
         finished attempt and is ignored."""
-        kind = _KINDS.get(str(outcome))
+        kind = _KINDS.get(outcome)  # an Outcome is a str: found by its value
         if kind is not None:
             self._add(task._meta.label, _queue(task), kind)
 
@@ -84,9 +84,13 @@ class History:
         if lost is None:
             return
         not_written = {id(t) for t in lost}
+        per_queue: dict[tuple[str, str], int] = {}
         for task in tasks:
             if id(task) not in not_written:
-                self._add(task._meta.label, _queue(task), 0)
+                key = (task._meta.label, _queue(task))
+                per_queue[key] = per_queue.get(key, 0) + 1
+        for (label, queue), n in per_queue.items():  # one lock per queue, not per task
+            self._add(label, queue, 0, n)
 
     def pending(self) -> int:
         """Attempts counted and not written yet."""

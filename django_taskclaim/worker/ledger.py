@@ -8,6 +8,12 @@ It is the only state the worker's threads share and the only owner of its lock: 
 claimer adds rows, executors take and settle them, the heartbeat reads what is held and
 marks what was lost, the main thread releases what was not started. No method does I/O
 while holding the lock.
+
+Each kind of waiter has its own condition on that one lock, and a change wakes only the
+waiters it can concern (:meth:`Ledger._wake`): the claimer once there is room for a
+claim, executors once rows are queued, the rarer waiters (idle, alone, written,
+settled) only while one waits. Waking a thread is a system call and a hand-over of the
+interpreter lock; per job the claimer used to be woken three times to find no room.
 """
 
 from __future__ import annotations
@@ -59,7 +65,14 @@ class Ledger:
         self.claim_size = claim_size
         self.max_tasks = max_tasks
         self._lock = threading.Lock()
+        # One lock, three kinds of waiters (see _wake): the claimer (room), executors
+        # (rows to take), and everything else (idle, alone, written, settled).
+        self._room_ready = threading.Condition(self._lock)
+        self._rows_ready = threading.Condition(self._lock)
         self._changed = threading.Condition(self._lock)
+        self._room_waiting = 0
+        self._rows_waiting = 0
+        self._watching = 0
         self._claimed: deque[Any] = deque()
         self._running: dict[str, Any] = {}
         self._finishing: set[str] = set()  # threads whose body returned, outcome not written
@@ -97,10 +110,29 @@ class Ledger:
 
     def wait_for_room(self, timeout: float) -> int:
         """Block until :meth:`room` is positive (or ``timeout``); return it."""
-        with self._changed:
+        with self._lock:
             if not self._room():
-                self._changed.wait(timeout)
+                self._room_waiting += 1
+                try:
+                    self._room_ready.wait(timeout)
+                finally:
+                    self._room_waiting -= 1
             return self._room()
+
+    def _wake(self, *, rows: int = 0, claimer: bool = False) -> None:
+        """After a change (the lock held): wake the waiters it can concern. The claimer
+        if there is room for a claim now (or ``claimer``: it must look, as after a
+        close); up to ``rows`` executors (-1: all of them) if rows were queued or may
+        now be taken; the other waiters, if any, always."""
+        if self._room_waiting and (claimer or self._room()):
+            self._room_ready.notify()
+        if rows and self._rows_waiting:
+            if rows < 0:
+                self._rows_ready.notify_all()
+            else:
+                self._rows_ready.notify(rows)
+        if self._watching:
+            self._changed.notify_all()
 
     def reserve(self, n: int) -> int:
         """Take up to ``n`` rows from the ``max_tasks`` budget; return how many."""
@@ -120,12 +152,12 @@ class Ledger:
     def add_claimed(self, rows: list[Any]) -> bool:
         """Queue freshly claimed rows for the executors, in claim order. Returns False,
         queuing nothing, once the ledger is stopped: the caller releases them."""
-        with self._changed:
+        with self._lock:
             if self._stopped:
                 return False
             self._claimed.extend(rows)
             self._held_recovered += sum(1 for t in rows if self.recovered(t))
-            self._changed.notify_all()
+            self._wake(rows=len(rows))
             return True
 
     def holds_recovered(self) -> bool:
@@ -152,26 +184,34 @@ class Ledger:
 
     def _wait_while(self, busy: Callable[[], bool], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        with self._changed:
+        with self._lock:
             while busy():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self._changed.wait(left)
+                self._watch(left)
             return True
+
+    def _watch(self, timeout: float) -> None:
+        """Wait (the lock held) for any change, or ``timeout``."""
+        self._watching += 1
+        try:
+            self._changed.wait(timeout)
+        finally:
+            self._watching -= 1
 
     def close(self) -> None:
         """No more rows will be added: executors end once the claimed ones are taken."""
-        with self._changed:
+        with self._lock:
             self._closed = True
-            self._changed.notify_all()
+            self._wake(rows=-1, claimer=True)
 
     def stop(self) -> None:
         """Start nothing more: :meth:`take` returns ``None`` from now on (graceful stop;
         the unstarted rows are then released by the caller)."""
-        with self._changed:
+        with self._lock:
             self._stopped = self._closed = True
-            self._changed.notify_all()
+            self._wake(rows=-1, claimer=True)
 
     @property
     def closed(self) -> bool:
@@ -186,61 +226,68 @@ class Ledger:
         returned): if the next row killed the process, that outcome would be lost and
         the recovered row charged again for another row's crash."""
 
-        def blocked() -> bool:
-            if self._stopped:
-                return False
-            if not self._claimed:
-                return not self._closed
-            return bool(self._recovered_finishing)
-
         deadline = time.monotonic() + timeout
-        with self._changed:
-            while blocked():
+        with self._lock:
+            while self._blocked():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                self._changed.wait(left)
+                self._rows_waiting += 1
+                try:
+                    self._rows_ready.wait(left)
+                finally:
+                    self._rows_waiting -= 1
             if not self._claimed or self._stopped or self._recovered_finishing:
                 return None
             task = self._claimed.popleft()
             self._running[me] = task
-            self._changed.notify_all()
+            self._wake()  # the last queued row taken: room for a claim
             return task
+
+    def _blocked(self) -> bool:
+        """Whether :meth:`take` must wait (the lock held)."""
+        if self._stopped:
+            return False
+        if not self._claimed:
+            return not self._closed
+        return bool(self._recovered_finishing)
 
     def wait_alone(self, me: str, timeout: float) -> bool:
         """Block until thread ``me``'s row is the only one running (or ``timeout``, or a
         stop); return whether it is. A recovered row may be the one that killed a
         worker: it starts only once the rows running beside it have settled."""
         deadline = time.monotonic() + timeout
-        with self._changed:
+        with self._lock:
             while len(self._running) > 1 and not self._stopped:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self._changed.wait(left)
+                self._watch(left)
             return len(self._running) == 1
 
     def finishing(self, me: str) -> None:
         """Thread ``me``'s body has returned; its outcome is being written. The row stays
         held (leases kept, counted in flight) until :meth:`settled`, but no longer takes
         a slot: the claimer may claim the executor's next row meanwhile."""
-        with self._changed:
+        with self._lock:
             if me in self._running:
                 self._finishing.add(me)
                 if self.recovered(self._running[me]):
                     self._recovered_finishing.add(me)
-                self._changed.notify_all()
+                self._wake()
 
     def settled(self, me: str) -> None:
         """Thread ``me`` finished its running row (whatever the outcome)."""
-        with self._changed:
+        with self._lock:
             self._finishing.discard(me)
+            unblocked = me in self._recovered_finishing
             self._recovered_finishing.discard(me)
             task = self._running.pop(me, None)
             if task is not None:
                 self.processed += 1
                 self._forget(task)
-            self._changed.notify_all()
+            # Rows wait behind a recovered row's outcome (see take): all may go now.
+            self._wake(rows=-1 if unblocked and not self._recovered_finishing else 0)
 
     def _forget(self, task: Claimable) -> None:
         if self.recovered(task):
@@ -259,6 +306,16 @@ class Ledger:
     def take_acks(self, *, window: float | None = None, size: int = 0) -> list[Any]:
         """Remove and return the buffered completions; with ``window``, only if the
         oldest waited that long or ``size`` of them are buffered (else ``[]``)."""
+        if not self._acks:  # nothing buffered: no lock (an executor asks after each task)
+            return []
+        since = self._acks_since
+        if (  # not due yet (read without the lock: a stale answer only waits for the writer)
+            window is not None
+            and since is not None
+            and time.monotonic() - since < window
+            and (not size or len(self._acks) < size)
+        ):
+            return []
         with self._lock:
             if not self._acks:
                 return []
@@ -273,10 +330,11 @@ class Ledger:
     def acks_written(self, tasks: list[Any]) -> None:
         """The writer of ``tasks`` (from :meth:`take_acks`) is done with them, written or
         not: their leases need no keeping any more."""
-        with self._changed:
+        with self._lock:
             for task in tasks:
                 self._writing.pop(id(task), None)
-            self._changed.notify_all()  # a recovered row may be waiting: wait_written()
+            if self._watching:  # a recovered row may be waiting: wait_written()
+                self._changed.notify_all()
 
     def acks_due_at(self, window: float) -> float | None:
         """When the oldest buffered completion's window ends (monotonic), or None."""
@@ -303,7 +361,7 @@ class Ledger:
         """Record that ``task`` (at token ``version``) was taken back. Returns
         ``"claimed"`` if it had not started (it is dropped: never started), ``"running"``
         if it is running or unacknowledged, ``None`` if it has moved on since."""
-        with self._changed:
+        with self._lock:
             if task.version != version:
                 return None  # settled since the heartbeat's snapshot
             self._lost.add((type(task), task.pk, version))
@@ -311,22 +369,25 @@ class Ledger:
                 if t is task:
                     del self._claimed[i]
                     self._forget(task)
-                    self._changed.notify_all()
+                    self._wake()
                     return "claimed"
             return "running"
 
     def is_lost(self, task: Claimable) -> bool:
+        """Whether the heartbeat found the claim ``task`` holds taken back."""
+        if not self._lost:  # the usual case, without the lock: the set only grows
+            return False
         with self._lock:
             return (type(task), task.pk, task.version) in self._lost
 
     def take_unstarted(self) -> list[Any]:
         """Remove and return every claimed row not started yet (to release them)."""
-        with self._changed:
+        with self._lock:
             tasks = list(self._claimed)
             self._claimed.clear()
             for task in tasks:
                 self._forget(task)
-            self._changed.notify_all()
+            self._wake()
             return tasks
 
     def wait_settled(self, tasks: list[Any], timeout: float) -> bool:
