@@ -87,14 +87,13 @@ def was_recovered(task: Any) -> bool:
     return bool(getattr(task, RECOVERED_ATTR, False))
 
 
-def _null_safe(value: Any) -> tuple[bool, Any]:
-    return (value is None, value)
-
-
 def _sort(rows: list[models.Model], ordering: tuple[str, ...]) -> list[models.Model]:
     """Order claimed rows as the claim's ORDER BY did (``NULL`` last either way, as
     :func:`claim_order` asks the database for). Never raises on ``NULL`` values."""
-    rows.sort(key=lambda r: _null_safe(r.pk))  # ties in ``ordering`` come back in pk order
+    if not rows:
+        return rows
+    # Ties in ``ordering`` come back in pk order (a claimed row always has its pk).
+    rows.sort(key=attrgetter(rows[0]._meta.pk.attname))
     for item in reversed(ordering):
         get = attrgetter("pk" if item.lstrip("-") == "pk" else item.lstrip("-"))
         desc = item.startswith("-")

@@ -60,6 +60,10 @@ class BatchableResult(dict[str, Any]):
         self.on_written = on_written
 
 
+#: What a task that deferred no result fields carries.
+_NO_RESULT: tuple[dict[str, Any], Callable[[], None] | None] = ({}, None)
+
+
 def _pending(task: Claimable) -> tuple[dict[str, Any], Callable[[], None] | None]:
     """The deferred result fields and callback of ``task`` (kept until written: a write
     retried after a lost connection must carry them again)."""
@@ -138,7 +142,8 @@ def _complete_chunk(model: type[models.Model], using: str, tasks: list[Any]) -> 
     tokens = {t.pk: t.version for t in tasks}
     if len(tokens) != len(tasks):
         raise ValueError("complete_many() got the same row twice")
-    pending = {t.pk: _pending(t) for t in tasks}
+    # Result fields and callbacks of the tasks that deferred some (most defer none).
+    pending = {t.pk: _pending(t) for t in tasks if t.__dict__.get(PENDING_ATTR)}
     write = _chunk_writer(model, using, opts, tasks, tokens, pending)
     hit = retry_transient(write, using, what=f"complete {len(tasks)} {opts.label}")
     if hit == len(tasks):  # the usual: every row written
@@ -172,7 +177,9 @@ def _chunk_writer(
     from per-row arrays where the vendor can and every task carries the same result
     fields (the usual: one handler), else an ORM UPDATE with per-row ``CASE`` values."""
     # Deferred result fields: plain values, checked by run_task when it deferred them.
-    results = {pk: f for pk, (f, _a) in pending.items()}
+    if not pending and for_alias(using).completes_from_arrays:  # no result fields at all
+        return partial(complete_many_in_one, model, using, opts, tokens, None)
+    results = {pk: pending.get(pk, _NO_RESULT)[0] for pk in tokens}
     if (
         for_alias(using).completes_from_arrays
         and len({tuple(sorted(f)) for f in results.values()}) == 1
@@ -226,13 +233,18 @@ def _mark_done(
     done_value = opts.value("done")
     has_finished_at = opts.has("finished_at")
     attnames: dict[str, str] = {}
+    send = signals.task_completed.has_listeners(model)
     for task in won:
         setattr(task, opts.status_field, done_value)
         task.version += 1
         task.locked_until = None
         if has_finished_at:
             task.__dict__.pop("finished_at", None)  # the database clock's; loaded on access
-        fields, after = pending[task.pk]
+        if not pending:
+            if send:
+                signals.task_completed.send(sender=model, task=task)
+            continue
+        fields, after = pending.get(task.pk, _NO_RESULT)
         for name, value in fields.items():
             attname = attnames.get(name)
             if attname is None:

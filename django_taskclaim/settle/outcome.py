@@ -129,6 +129,14 @@ def settle(
     """
     opts = get_options(task)
     error = done.error
+    if (  # the usual: no error, nothing returned: deferred unless the body finished it
+        error is None
+        and done.result is None
+        and defer is not None
+        and opts.state_of(getattr(task, opts.status_field)) == "processing"
+    ):
+        defer(task)
+        return Outcome.DEFERRED
     if isinstance(error, ClaimLost):
         return Outcome.LOST
     if error is None:

@@ -205,6 +205,9 @@ class Claimer(threading.Thread):
     def _one_recovered(self, rows: list[Any]) -> list[Any]:
         """The claimed rows to queue: those that may share first, then at most one row
         to run alone (none if one is held already); other such rows are given back."""
+        if not any(map(was_recovered, rows)):  # the usual: none was recovered
+            self.one_at_a_time = False
+            return rows
         for row in rows:
             if was_recovered(row) and may_share(row):
                 setattr(row, SHARES_ATTR, True)

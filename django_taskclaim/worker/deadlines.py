@@ -35,7 +35,13 @@ from typing import Any
 from django.db.models import Model
 
 from django_taskclaim.config.options import get_options
-from django_taskclaim.settle.deadline import deadline_error, grace, mark_overdue, timeout_of
+from django_taskclaim.settle.deadline import (
+    TIMEOUT_FIELD,
+    deadline_error,
+    grace,
+    mark_overdue,
+    timeout_of,
+)
 from django_taskclaim.settle.outcome import Attempt, cancel_flag
 from django_taskclaim.telemetry import timed_out
 
@@ -83,6 +89,9 @@ class Deadlines:
 
     def arm(self, task: Any) -> None:
         """The body of ``task`` starts now: watch its deadline, if it has one."""
+        opts = get_options(task)
+        if opts.timeout is None and not opts.has(TIMEOUT_FIELD):  # no deadline possible
+            return
         timeout = timeout_of(task)
         if timeout is None:
             return

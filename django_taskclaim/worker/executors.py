@@ -23,13 +23,14 @@ import functools
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 from django.db import DatabaseError, connections
+from django.db.models import Model
 
 from django_taskclaim.config.options import get_options
 from django_taskclaim.exceptions import ClaimLost, Retry
-from django_taskclaim.model.claimable import Claimable, model_of
+from django_taskclaim.model.claimable import Claimable
 from django_taskclaim.settle.outcome import Attempt, TaskAborted, attempt, cancel_flag, settle
 from django_taskclaim.settle.transitions import RETRY_IN_ATTR, Outcome
 from django_taskclaim.settle.writes import storable_text
@@ -218,7 +219,8 @@ class Executors:
             outcome = settle(task, done, defer=defer)
         except Exception as exc:  # a refused value fails its row; an outage is waited out
             outcome = self._settle_again(task, done, exc)
-        self.ledger.history.count(task, outcome)  # done / failed, for the admin's charts
+        if outcome is not Outcome.DEFERRED:  # counted once written (Acks.flush)
+            self.ledger.history.count(task, outcome)  # done / failed, for the admin's charts
         if self.telemetry is not None:
             self.telemetry.ran(task, outcome, started, ended)
         if outcome is Outcome.LOST or self.ledger.is_lost(task):
@@ -259,7 +261,7 @@ class Executors:
     def _handler(self, task: Claimable, flag: threading.Event) -> tuple[Any, bool]:
         """The callable :func:`~django_taskclaim.settle.outcome.attempt` runs for ``task``,
         and whether it is known to be a plain function (no coroutine to run)."""
-        model = model_of(task)
+        model = cast(type[Model], type(task))  # model_of(), without the call
         plain = self._plain.get(model)
         if plain is not None:  # a sync body without the cancel flag: the usual
             return plain

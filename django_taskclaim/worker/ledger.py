@@ -82,6 +82,7 @@ class Ledger:
         self._lost: set[tuple[type, Any, int]] = set()
         self._reserved = 0
         self._held_recovered = 0  # claimed or running rows that are recovered
+        self._alone: set[int] = set()  # id() of those rows, decided once when queued
         # threads whose recovered row's body returned, outcome not written yet
         self._recovered_finishing: set[str] = set()
         self._closed = False
@@ -156,7 +157,10 @@ class Ledger:
             if self._stopped:
                 return False
             self._claimed.extend(rows)
-            self._held_recovered += sum(1 for t in rows if self.recovered(t))
+            alone = [id(t) for t in rows if self.recovered(t)]
+            if alone:
+                self._alone.update(alone)
+                self._held_recovered += len(alone)
             self._wake(rows=len(rows))
             return True
 
@@ -272,7 +276,7 @@ class Ledger:
         with self._lock:
             if me in self._running:
                 self._finishing.add(me)
-                if self.recovered(self._running[me]):
+                if id(self._running[me]) in self._alone:
                     self._recovered_finishing.add(me)
                 self._wake()
 
@@ -290,7 +294,8 @@ class Ledger:
             self._wake(rows=-1 if unblocked and not self._recovered_finishing else 0)
 
     def _forget(self, task: Claimable) -> None:
-        if self.recovered(task):
+        if self._alone and id(task) in self._alone:
+            self._alone.discard(id(task))
             self._held_recovered -= 1
 
     def defer_ack(self, task: Claimable) -> bool:
