@@ -6,6 +6,7 @@
     python benchmarks/per_job.py --instructions      # valgrind (callgrind): instructions/job
     python benchmarks/per_job.py --profile           # py-spy: where the CPU goes
     python benchmarks/per_job.py --breakdown         # each stage of a job alone, per job
+    python benchmarks/per_job.py --in-process        # drained in one process, per thread
 
 Each measure drains a pre-filled backlog of no-op jobs (``benchmarks.benchapp.BenchTask``)
 with the real ``manage.py taskclaim_worker --burst`` on PostgreSQL, twice: a small and a
@@ -272,6 +273,89 @@ def bench_profile(args: argparse.Namespace, alias: str) -> dict[str, Any]:
     }
 
 
+# -- in process ------------------------------------------------------------------------------
+
+
+def in_process_child(jobs: int, batch: int, alias: str) -> dict[str, Any]:
+    """Drain ``jobs`` rows with a worker run in this process (``Worker.run()``, the code
+    ``manage.py taskclaim_worker --burst`` runs, without the process's start-up and
+    exit), sampling each thread's CPU (``/proc/self/task``) every 50 ms: CPU per job of
+    each thread and of the whole process."""
+    import threading
+
+    from django_taskclaim.worker.config import WorkerConfig
+    from django_taskclaim.worker.process import Worker
+
+    tick = os.sysconf("SC_CLK_TCK")
+    last: dict[str, float] = {}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            for t in threading.enumerate():
+                try:
+                    with open(f"/proc/self/task/{t.native_id}/stat") as f:
+                        parts = f.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                last[t.name] = (int(parts[11]) + int(parts[12])) / tick
+            stop.wait(0.05)
+
+    fill(alias, jobs)
+    config = WorkerConfig.build([LABEL], burst=True, reap=False, batch=batch, concurrency=1)
+    worker = Worker(config)
+    monitor = threading.Thread(target=sample, name="sampler", daemon=True)
+    monitor.start()
+    t0, main0 = time.process_time(), time.thread_time()
+    code = worker.run()
+    total = time.process_time() - t0
+    last["MainThread"] = time.thread_time() - main0
+    stop.set()
+    monitor.join()
+    if code != 0:
+        raise RuntimeError(f"the in-process worker exited {code}")
+    threads = {k: v / jobs * 1e6 for k, v in last.items() if k != "sampler"}
+    return {"total_us": (total - last.get("sampler", 0.0)) / jobs * 1e6, "threads": threads}
+
+
+def bench_in_process(args: argparse.Namespace, alias: str) -> list[dict[str, Any]]:
+    """:func:`in_process_child` in a fresh interpreter per run, for this tree and the
+    ``--before`` one (its own copy of this script), interleaved."""
+    trees = [("after", ROOT)] + ([("before", args.before)] if args.before else [])
+    batch = args.batches[-1]
+    samples: dict[str, list[dict[str, Any]]] = {t: [] for t, _ in trees}
+    for _ in range(args.repeat):
+        for tname, tree in reversed(trees):
+            argv = [PY, str(tree / "benchmarks" / "per_job.py"), "--in-process-child"]
+            argv += ["--tasks", str(args.tasks), "--batches", str(batch)]
+            out = subprocess.run(
+                argv, cwd=tree, env=env_for(tree), capture_output=True, text=True,
+                timeout=args.timeout, check=False,
+            )  # fmt: skip
+            if out.returncode != 0:
+                raise RuntimeError(
+                    f"in-process run failed:\n{out.stdout[-2000:]}{out.stderr[-2000:]}"
+                )
+            samples[tname].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    rows = []
+    for tname, _ in trees:
+        runs = samples[tname]
+        row = {
+            "tree": tname,
+            "batch": batch,
+            "total_us": med([r["total_us"] for r in runs]),
+            "total_runs": [round(r["total_us"], 1) for r in runs],
+            "executor_us": med([r["threads"].get("taskclaim-exec-0", 0.0) for r in runs]),
+            "claimer_us": med([r["threads"].get("taskclaim-claimer", 0.0) for r in runs]),
+        }
+        rows.append(row)
+        log(
+            f"  {tname} batch={batch}: {row['total_us']:.1f} µs/job (runs {row['total_runs']}); "
+            f"executor {row['executor_us']:.1f}, claimer {row['claimer_us']:.1f}"
+        )
+    return rows
+
+
 # -- breakdown -----------------------------------------------------------------------------
 
 
@@ -371,14 +455,33 @@ def report(data: dict[str, Any]) -> str:
                 ],
             )
         )
+    if data.get("in_process"):
+        parts.append(
+            table(
+                "Worker CPU per no-op job, drained in one process (every thread; 1 thread)",
+                ["tree", "batch", "process µs/job (median)", "runs", "executor", "claimer"],
+                [
+                    [
+                        r["tree"],
+                        r["batch"],
+                        f"{r['total_us']:.1f}",
+                        " / ".join(f"{x:.1f}" for x in r["total_runs"]),
+                        f"{r['executor_us']:.1f}",
+                        f"{r['claimer_us']:.1f}",
+                    ]
+                    for r in data["in_process"]
+                ],
+            )
+        )
     if data.get("breakdown"):
         total = sum(r["us_per_job"] for r in data["breakdown"])
         rows = [[r["stage"], f"{r['us_per_job']:.1f}"] for r in data["breakdown"]]
         rows.append(["sum of the stages", f"{total:.1f}"])
-        cpu = [r for r in data.get("cpu") or [] if r["tree"] == "after" and r["config"] == "1x1"]
-        if cpu:
-            whole = cpu[-1]["cpu_ms_per_job"] * 1000
-            rows.append(["the whole worker (1x1, measured above)", f"{whole:.1f}"])
+        whole = next(
+            (r["total_us"] for r in data.get("in_process") or [] if r["tree"] == "after"), None
+        )
+        if whole is not None:
+            rows.append(["the whole worker, in one process (measured above)", f"{whole:.1f}"])
             rows.append(["threads, wake-ups, heartbeat, loops (the rest)", f"{whole - total:.1f}"])
         parts.append(
             table(
@@ -429,6 +532,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--instructions", action="store_true", help="also count instructions")
     p.add_argument("--profile", action="store_true", help="also profile (batch: the last)")
     p.add_argument("--breakdown", action="store_true", help="also time each stage alone")
+    p.add_argument(
+        "--in-process", action="store_true", help="also drain in one process, per thread"
+    )
+    p.add_argument("--in-process-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--no-cpu", action="store_true", help="skip the CPU runs")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--output", type=Path)
@@ -444,6 +551,9 @@ def main(argv: list[str] | None = None) -> int:
         log("no PostgreSQL database reachable (benchmarks/settings.py)")
         return 2
     alias = aliases[0]
+    if args.in_process_child:  # one run, its figures as one JSON line on stdout
+        print(json.dumps(in_process_child(args.tasks, args.batches[-1], alias)))
+        return 0
     data: dict[str, Any] = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
@@ -453,6 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_cpu:
         log("worker CPU per job…")
         data["cpu"] = bench_cpu(args, alias)
+    if args.in_process:
+        log("drained in one process…")
+        data["in_process"] = bench_in_process(args, alias)
     if args.breakdown:
         log("stage by stage…")
         data["breakdown"] = bench_breakdown(args, alias)

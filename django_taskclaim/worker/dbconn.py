@@ -47,7 +47,6 @@ _waiting: dict[str, set[threading.Event]] = {}  # alias -> events of pause() cal
 _epoch = 0  # bumped whenever a connection is found broken; stamped on new connections
 _STAMP = "_taskclaim_epoch"
 _POLLER = "_taskclaim_poller"
-_POLLED_AT = "_taskclaim_polled_at"
 _seen = threading.local()  # per thread: alias -> revivals count at its last failure
 _mine = threading.local()  # per thread: alias -> its connection, once it connected
 
@@ -174,30 +173,29 @@ def _hung_up(conn: Any, raw: Any) -> bool:
         return True
 
 
-def drop_stale(*, every: float = 0.0) -> int:
+def epoch() -> int:
+    """How many times a thread of this process found a connection broken: a caller that
+    saw the same number at its last :func:`drop_stale` has no connection opened before
+    an outage it has not checked."""
+    return _epoch
+
+
+def drop_stale() -> int:
     """Close this thread's connections that may be dead although they never failed here:
     those opened before another thread found a database unreachable, and those whose
     server hung up while they were idle. Their next query opens a fresh connection
     instead of failing once. No round trip: a number comparison and one ``poll()`` per
-    open connection (with ``every``: only if that connection was not polled in the last
-    ``every`` seconds; an executor asks before each task, and a system call per task
-    was a tenth of its cost per no-op job). Connections inside a transaction are left
-    alone. Returns how many were closed."""
+    open connection. Connections inside a transaction are left alone. Returns how many
+    were closed."""
     mine: dict[str, Any] | None = getattr(_mine, "connections", None)
     if not mine:
         return 0
     dropped = 0
-    now = time.monotonic() if every else 0.0
     for conn in mine.values():
         raw = conn.connection
         if raw is None or conn.in_atomic_block or not conn.autocommit:  # a transaction
             continue
-        poll = True
-        if every:
-            poll = now - getattr(conn, _POLLED_AT, -every) >= every
-            if poll:
-                setattr(conn, _POLLED_AT, now)
-        if getattr(conn, _STAMP, _epoch) < _epoch or (poll and _hung_up(conn, raw)):
+        if getattr(conn, _STAMP, _epoch) < _epoch or _hung_up(conn, raw):
             try:
                 conn.close()
             except Exception:  # already broken: closing is best effort
