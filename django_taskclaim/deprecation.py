@@ -1,12 +1,15 @@
-"""Module paths that moved before 0.1, kept importable until 0.2 with a warning.
+"""Import paths that earlier docs showed and that moved, kept importable until 0.2 with a
+warning — all of them in :data:`MOVED`, this one place.
 
 Until the restructuring the package was flat and the docs showed, for example,
-``from django_taskclaim.notify import notify``. Those names are now imported from
-``django_taskclaim`` itself. Each old module (``notify``, ``unique``, ``monitoring``,
-``concurrency``, ``archive``) is a few lines that call :func:`moved_names`: the names the
-docs showed still resolve, with a ``DeprecationWarning`` naming the new import; any other
-name raises ``AttributeError`` saying where the module went. Nothing in the package
-imports these modules; they are removed in 0.2.
+``from django_taskclaim.notify import notify`` or ``django_taskclaim.archive.archive_finished()``.
+Each old module (``notify``, ``unique``, ``monitoring``, ``concurrency``, ``archive``,
+``doctor``, ``lifecycle``, ``notify_trigger``, ``options``) is a few lines that call
+:func:`moved_names`; a name that left a package that is still there
+(``django_taskclaim.worker.recover``) is resolved by that package's ``__getattr__`` the same
+way. The names the docs showed resolve with a ``DeprecationWarning`` naming the new import;
+any other name of an old module raises ``AttributeError`` saying where the module went.
+Nothing in the package imports the old modules; they are removed in 0.2.
 """
 
 from __future__ import annotations
@@ -16,21 +19,85 @@ from collections.abc import Callable
 from importlib import import_module
 from typing import Any
 
+#: Old module → (where it went, {name the docs showed there → the module defining it now}).
+#: ``tests/unit/test_earlier_imports.py`` imports every one of them.
+MOVED: dict[str, tuple[str, dict[str, str]]] = {
+    "django_taskclaim.notify": (
+        "django_taskclaim.wakeup.notify",
+        {"notify": "django_taskclaim.wakeup.notify"},
+    ),
+    "django_taskclaim.unique": (
+        "django_taskclaim.model.unique",
+        {
+            "ActiveKeyField": "django_taskclaim.model.unique",
+            "SparseUniqueConstraint": "django_taskclaim.model.unique",
+            "insert_unique": "django_taskclaim.model.unique_insert",
+            "UniqueKeyRaceError": "django_taskclaim.model.unique_insert",
+        },
+    ),
+    "django_taskclaim.monitoring": (
+        "django_taskclaim.ops.figures",
+        {"db_now": "django_taskclaim.db"},
+    ),
+    "django_taskclaim.concurrency": (
+        "django_taskclaim.model.concurrency_keys",
+        {
+            "concurrency_constraint": "django_taskclaim.model.concurrency_keys",
+            "concurrency_slot": "django_taskclaim.model.concurrency_keys",
+            "processing_key": "django_taskclaim.model.concurrency_keys",
+        },
+    ),
+    "django_taskclaim.archive": (
+        "django_taskclaim.recovery.archive",
+        {
+            "archive_of": "django_taskclaim.recovery.archive",
+            "archive_finished": "django_taskclaim.recovery.archive",
+        },
+    ),
+    "django_taskclaim.doctor": (
+        "django_taskclaim.ops.doctor",
+        {"diagnose": "django_taskclaim.ops.doctor", "Thresholds": "django_taskclaim.ops.doctor"},
+    ),
+    "django_taskclaim.lifecycle": (
+        "django_taskclaim.settle",
+        {"BatchableResult": "django_taskclaim.settle.outcome"},
+    ),
+    "django_taskclaim.notify_trigger": (
+        "django_taskclaim.wakeup.trigger",
+        {"sync_notify_triggers": "django_taskclaim.wakeup.trigger"},
+    ),
+    "django_taskclaim.options": (
+        "django_taskclaim.config.options",
+        {"retry_delay": "django_taskclaim.config.options"},
+    ),
+    # a package still there, one name of which moved
+    "django_taskclaim.worker": ("", {"recover": "django_taskclaim.recovery.reap"}),
+}
 
-def moved_names(old: str, new_home: str, names: dict[str, str]) -> Callable[[str], Any]:
-    """A module ``__getattr__`` for the deprecated module ``old``: each of ``names``
-    (name → the module that defines it) resolves with a ``DeprecationWarning`` telling to
-    import it from ``django_taskclaim``; other names fail, pointing at ``new_home``."""
+
+def new_import(name: str, module: str) -> str:
+    """The import to write now: from the package itself where it exports ``name``."""
+    from django_taskclaim import _LAZY
+
+    if _LAZY.get(name) == module:
+        return f"from django_taskclaim import {name}"
+    return f"from {module} import {name}"
+
+
+def moved_names(old: str) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for ``old`` (a key of :data:`MOVED`): each name the docs
+    showed there resolves with a ``DeprecationWarning`` naming the new import; other names
+    fail, pointing at where the module went."""
+    new_home, names = MOVED[old]
 
     def __getattr__(name: str) -> Any:
         module = names.get(name)
         if module is None:
-            raise AttributeError(
-                f"module {old!r} has no attribute {name!r}: {old} moved to {new_home}"
-            )
+            where = f": {old} moved to {new_home}" if new_home else ""
+            raise AttributeError(f"module {old!r} has no attribute {name!r}{where}")
         warnings.warn(
-            f"{old}.{name} is deprecated: use `from django_taskclaim import {name}` "
-            f"({old} is removed in 0.2)",
+            f"{old}.{name} is deprecated: use `{new_import(name, module)}` "
+            f"({old}.{name} is removed in 0.2)",
             DeprecationWarning,
             stacklevel=2,
         )

@@ -3,8 +3,4 @@
 
 from django_taskclaim.deprecation import moved_names
 
-__getattr__ = moved_names(
-    "django_taskclaim.monitoring",
-    "django_taskclaim.ops.figures",
-    {"db_now": "django_taskclaim.db"},
-)
+__getattr__ = moved_names(__name__)

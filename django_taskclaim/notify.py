@@ -7,11 +7,7 @@ from typing import Any
 
 from django_taskclaim.deprecation import moved_names
 
-__getattr__ = moved_names(
-    "django_taskclaim.notify",
-    "django_taskclaim.wakeup.notify",
-    {"notify": "django_taskclaim.wakeup.notify"},
-)
+__getattr__ = moved_names(__name__)
 
 
 class _CallableModule(ModuleType):

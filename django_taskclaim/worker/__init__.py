@@ -33,6 +33,7 @@ for the diagram and the life of a task through them):
 
 from __future__ import annotations
 
+from django_taskclaim.deprecation import moved_names
 from django_taskclaim.settle.outcome import TaskAborted
 from django_taskclaim.worker.config import WorkerConfig
 from django_taskclaim.worker.exits import (
@@ -63,3 +64,6 @@ __all__ = [
     "silent_after",
     "silent_workers",
 ]
+
+#: ``from django_taskclaim.worker import recover``, as earlier docs showed, until 0.2.
+__getattr__ = moved_names(__name__)

@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
         "django_taskclaim.model.claimable",
         "django_taskclaim.locks",  # its __init__ names the public lock API lazily
         "django_taskclaim.locks.keys",
+        "django_taskclaim.deprecation",  # the moved import paths (imports nothing of ours)
     ),
     # 1: vendor SQL
     ("django_taskclaim.backends",),
@@ -96,12 +97,15 @@ LAYERS: list[tuple[str, ...]] = [
         "django_taskclaim.templatetags",
         "django_taskclaim.embedded",
         # the module paths that moved, kept until 0.2 (nothing imports them)
-        "django_taskclaim.deprecation",
         "django_taskclaim.notify",
         "django_taskclaim.unique",
         "django_taskclaim.monitoring",
         "django_taskclaim.concurrency",
         "django_taskclaim.archive",
+        "django_taskclaim.doctor",
+        "django_taskclaim.lifecycle",
+        "django_taskclaim.notify_trigger",
+        "django_taskclaim.options",
     ),
 ]
 LEVEL = {prefix: i for i, group in enumerate(LAYERS) for prefix in group}
