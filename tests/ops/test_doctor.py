@@ -204,6 +204,12 @@ def test_a_lease_index_the_planner_cannot_use_is_reported_as_not_read(vendor):
                 editor.remove_index(Document, wrong)
                 editor.add_index(Document, lease)
     serving = "testapp_document_lease" if vendor == "mysql" else "tc_doctor_wrong"
+    if vendor == "postgresql":
+        # Whether a scan or the index is cheaper on an empty table depends on the
+        # statistics earlier tests left (and on the server's version): take the choice
+        # away from them, so that the last look sees only whether the index can serve.
+        with connection.cursor() as cursor:  # until the test's transaction ends
+            cursor.execute("SET LOCAL enable_seqscan = off")
     assert one(found, "TC-D012").severity == "ok"
     unread = one(found, "TC-D013")
     assert (unread.severity, unread.title) == (
