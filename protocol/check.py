@@ -128,6 +128,34 @@ RUNS: tuple[Run, ...] = (
         NO_EARLY_RERUN,
         "recovery that releases the rows of a child that stopped answering (paused)",
     ),
+    Run(
+        "broken-unfenced-plain-completion",
+        {"W": 3, "R": 1, "TOKMAX": 5, "WITNESS_UNFENCED_COMPLETE": True},
+        SAFETY,
+        FENCED,
+        "the plain completion / retry / fail written WHERE id = ... only",
+    ),
+    Run(
+        "broken-unfenced-batched-completion",
+        {"W": 3, "R": 1, "TOKMAX": 5, "WITNESS_UNFENCED_BATCH": True},
+        SAFETY,
+        FENCED,
+        "the batched completion written WHERE id = ... only",
+    ),
+    Run(
+        "broken-reaper-one-tick-early",
+        {"W": 3, "R": 1, "TOKMAX": 5, "WITNESS_REAP_EARLY": True},
+        SAFETY,
+        NO_EARLY_RERUN,
+        "a reaper that takes a row one tick before its lease ends",
+    ),
+    Run(
+        "broken-reaper-ignores-the-lease",
+        {"W": 3, "R": 1, "TOKMAX": 5, "WITNESS_REAP_ANYTIME": True},
+        SAFETY,
+        NO_EARLY_RERUN,
+        "a reaper that takes processing rows whatever their lease",
+    ),
 )
 
 

@@ -12,7 +12,12 @@
  *
  * Broken designs, each of which Spin must reject (spin -DWITNESS_...):
  *   SILENCE      a reaper that takes the rows of a worker whose registry fell silent
- *   UNFENCED     a completion written WHERE id = ... only
+ *   UNFENCED     every write of a worker (outcome, release, the fenced block's lock)
+ *                WHERE id = ... only
+ *   UNFENCED_COMPLETE the plain completion / retry / fail written WHERE id = ... only
+ *   UNFENCED_BATCH    the batched completion written WHERE id = ... only
+ *   REAP_EARLY   a reaper that takes a row one tick before its lease ends
+ *   REAP_ANYTIME a reaper that takes processing rows whatever their lease
  *   READBACK_PK  a compare-and-set claim whose read-back is by primary key only
  *   HB_ACKS      a heartbeat that writes the buffered completions itself, waiting on locks
  *   REAP_NORECHECK a reaper that selects expired rows, then updates them by id only
@@ -112,15 +117,20 @@ active proctype OneHolder() {
   atomic { !ONE_HOLDER_ALL -> assert(false) }  /* A property: ONE HOLDER */
 }
 
-/* FENCED: a write lands only with the row's current token. */
-inline fenced_lands(w, r) {
-  assert(mt[I(w, r)] == tok[r] && st[r] == PROC)
-}
-
 #ifdef WITNESS_UNFENCED
 #define FENCE(w, r) (true)
 #else
 #define FENCE(w, r) (mt[I(w, r)] == tok[r] && st[r] == PROC)
+#endif
+#ifdef WITNESS_UNFENCED_COMPLETE
+#define FENCE_OUTCOME(w, r) (true)
+#else
+#define FENCE_OUTCOME(w, r) FENCE(w, r)
+#endif
+#ifdef WITNESS_UNFENCED_BATCH
+#define FENCE_BATCH(w, r) (true)
+#else
+#define FENCE_BATCH(w, r) FENCE(w, r)
 #endif
 
 /* The row leaves processing for good or for a new claim: the lease is over. */
@@ -136,12 +146,23 @@ inline forget(i) {
   ph[i] = NONE; mt[i] = 0; fl[i] = 0; af[i] = 0
 }
 
-/* Taken from its holder without proof of death: that attempt's lease lives on. */
+/* Taken from its holder without proof of death: that attempt's lease lives on. Recorded
+ * by every step that takes a processing row from a holder it has not seen die (the
+ * reaper, a supervisor's release of a child it did not see exit), whatever its guard:
+ * a row taken once its lease has lapsed leaves no lease behind (left < 0). */
 inline take_unproven(r) {
   if
   :: st[r] == PROC -> ghost[r] = MAX(ghost[r], left[r])
   :: else -> skip
   fi
+}
+
+/* A worker's write of the row's status (outcome, release, batched completion). FENCED is
+ * observed here, in the write itself, not beside the condition that guards it: a write
+ * lands only with the row's current token, on a processing row. */
+inline write_row(w, r, to) {
+  assert(mt[I(w, r)] == tok[r] && st[r] == PROC);  /* FENCED */
+  settle_row(r, to)
 }
 
 /* ---- a worker ------------------------------------------------------------------- */
@@ -166,7 +187,7 @@ inline give_back(w, r) {
   atomic { /* A_release: give an unstarted row back, fenced (attempt not counted) */
     alive[w] && ph[I(w, r)] == CLAIMED && lockby[r] == 0 ->
     if
-    :: FENCE(w, r) -> fenced_lands(w, r); att[r]--; settle_row(r, READY)
+    :: FENCE(w, r) -> att[r]--; write_row(w, r, READY)
     :: else -> skip
     fi;
     forget(I(w, r))
@@ -227,21 +248,20 @@ inline body(w, r) {
      }
   :: atomic { /* A_atomic_complete: effect and completion commit together */
        alive[w] && ph[I(w, r)] == LOCKED ->
-       fenced_lands(w, r);
+       write_row(w, r, DONE);
        effect[r]++;
        assert(effect[r] <= 1);  /* EXACTLY ONCE */
-       settle_row(r, DONE); lockby[r] = 0; forget(I(w, r))
+       lockby[r] = 0; forget(I(w, r))
      }
   :: atomic { /* A_complete / A_retry / A_fail: the body returned (whatever its flag
                * said); one fenced UPDATE, which waits for a row lock */
        alive[w] && ph[I(w, r)] == RUNNING && !af[I(w, r)] && lockby[r] == 0 ->
        if
-       :: FENCE(w, r) ->
-          fenced_lands(w, r);
+       :: FENCE_OUTCOME(w, r) ->
           if
-          :: settle_row(r, DONE)
-          :: att[r] < MAXATT -> settle_row(r, READY)
-          :: else -> settle_row(r, FAILED)  /* Fail(), or the last attempt's retry */
+          :: write_row(w, r, DONE)
+          :: att[r] < MAXATT -> write_row(w, r, READY)
+          :: else -> write_row(w, r, FAILED)  /* Fail(), or the last attempt's retry */
           fi
        :: else -> skip  /* ClaimLost */
        fi;
@@ -274,7 +294,7 @@ inline write_acks(w) {  /* needs a local byte a */
     if
     :: ph[I(w, a)] == ACKED ->
        if
-       :: FENCE(w, a) -> fenced_lands(w, a); settle_row(a, DONE)
+       :: FENCE_BATCH(w, a) -> write_row(w, a, DONE)
        :: else -> skip
        fi;
        forget(I(w, a))
@@ -393,6 +413,15 @@ active proctype Clock() {
 }
 
 /* ---- recovery ------------------------------------------------------------------- */
+/* The reaper's rule: the lease has lapsed on the database clock. */
+#if defined(WITNESS_REAP_ANYTIME)
+#define LAPSED(r) (true)
+#elif defined(WITNESS_REAP_EARLY)
+#define LAPSED(r) (left[r] < 1)
+#else
+#define LAPSED(r) (left[r] < 0)
+#endif
+
 inline reap_row(r) {
   if
   :: att[r] >= MAXATT -> settle_row(r, FAILED)
@@ -400,24 +429,31 @@ inline reap_row(r) {
   fi
 }
 
+/* Every form of the reaper's UPDATE goes through here: the rows it takes are recorded
+ * (take_unproven), so that a reaper which takes a lease still running is seen. */
+inline reaper_takes(r) {
+  take_unproven(r);
+  reap_row(r)
+}
+
 inline reap(r) {
   if
 #ifdef WITNESS_REAP_NORECHECK
   :: atomic { /* SELECT the expired rows */
-       st[r] == PROC && left[r] < 0 && !picked[r] -> picked[r] = 1
+       st[r] == PROC && LAPSED(r) && !picked[r] -> picked[r] = 1
      }
   :: atomic { /* UPDATE ... WHERE pk IN (...) only */
-       picked[r] && lockby[r] == 0 -> take_unproven(r); reap_row(r); picked[r] = 0
+       picked[r] && lockby[r] == 0 -> reaper_takes(r); picked[r] = 0
      }
 #else
   :: atomic { /* A_reap: UPDATE ... WHERE processing AND locked_until < now() */
-       st[r] == PROC && left[r] < 0 && lockby[r] == 0 -> reap_row(r)
+       st[r] == PROC && LAPSED(r) && lockby[r] == 0 -> reaper_takes(r)
      }
 #endif
 #ifdef WITNESS_SILENCE
   :: atomic { /* registry silence taken as death */
        st[r] == PROC && reg[holder[r]] >= SILENT && lockby[r] == 0 ->
-       take_unproven(r); reap_row(r)
+       reaper_takes(r)
      }
 #endif
   fi
@@ -432,11 +468,17 @@ active proctype Reaper() {
   od
 }
 
-/* A_release_worker: rows of a worker proven dead, fenced on holder and status. */
+/* A_release_worker: rows of a worker proven dead, fenced on holder and status. A
+ * release of a child that was not seen to exit takes its rows without proof. */
 inline release_worker(w) {  /* needs a local byte q */
   for (q : 0 .. R - 1) {
     if
-    :: st[q] == PROC && holder[q] == w -> reap_row(q)
+    :: st[q] == PROC && holder[q] == w ->
+       if
+       :: !exited[w] -> take_unproven(q)
+       :: else -> skip
+       fi;
+       reap_row(q)
     :: else -> skip
     fi
   }
@@ -454,13 +496,7 @@ inline supervise(w) {
   }
 #ifdef WITNESS_SUP_PAUSED
   :: atomic { /* the child stopped answering: taken for dead while it is paused */
-    w < W && alive[w] && hbstall[w] && !HOLDS_LOCKED(w) ->
-    take_unproven(0);
-    if
-    :: R > 1 -> take_unproven(R - 1)
-    :: else -> skip
-    fi;
-    release_worker(w)
+    w < W && alive[w] && hbstall[w] && !HOLDS_LOCKED(w) -> release_worker(w)
   }
 #endif
   fi

@@ -13,6 +13,7 @@ The model does not depend on the database: it is checked once, in the SQLite pas
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -86,6 +87,15 @@ def test_a_name_that_left_the_code_fails_the_check():
     assert [p.split(":")[0] for p in problems] == ["A_x", "A_y", "A_z", "A_w"]
     assert "reap_gone" in problems[0]
     assert "no longer contains" in problems[3]
+
+
+def test_every_broken_design_of_the_model_is_a_run_and_back():
+    """A WITNESS_ variant the model has but no run uses would never be checked; a run
+    naming one the model lacks would check the correct model under a wrong name."""
+    in_model = set(re.findall(r"\bWITNESS_[A-Z_]+", check.MODEL.read_text()))
+    in_runs = {name for run in BROKEN for name in run.defines if name.startswith("WITNESS_")}
+    assert in_runs == in_model
+    assert len(BROKEN) == len(in_model) == 10
 
 
 def test_the_docs_show_the_table_as_it_is():
