@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.apps import apps
+from django.core import checks
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -45,6 +47,27 @@ __all__ = [
 ]
 
 
+def app_not_installed(**kwargs: Any) -> list[checks.CheckMessage]:
+    """``taskclaim.E008``: a model uses the mixins but ``django_taskclaim`` is not in
+    ``INSTALLED_APPS`` (its own tables, locks and checks would be missing). Registered
+    only then; one line per model using the mixins, or one for the project."""
+    users = [m for m in apps.get_models() if issubclass(m, ClaimableMixin)]
+    message = (
+        "'django_taskclaim' is not in INSTALLED_APPS: add it to INSTALLED_APPS "
+        "(the models using django_taskclaim.models.ClaimableModel need its tables)"
+    )
+    if not users:
+        return [checks.Error(message, id="taskclaim.E008")]
+    return [checks.Error(message, obj=model, id="taskclaim.E008") for model in users]
+
+
+if apps.apps_ready and not apps.is_installed("django_taskclaim"):
+    # Imported by a project's models without the app installed: the models below are
+    # still defined (their explicit app_label keeps Django from stopping with a traceback
+    # about Lease) and this check tells what to do, in one line.
+    checks.register(app_not_installed)
+
+
 class Lease(models.Model):
     """A named lease lock: held by ``owner`` until ``locked_until`` (database clock).
 
@@ -59,6 +82,7 @@ class Lease(models.Model):
     acquired_at = models.DateTimeField(_("acquired at"), db_default=DbNow())
 
     class Meta:
+        app_label = "taskclaim"  # so a project without the app still sets up (E008)
         verbose_name = _("lease lock")
         verbose_name_plural = _("lease locks")
         ordering = ["key"]
@@ -82,6 +106,7 @@ class WorkerProcess(models.Model):
     processed = models.PositiveBigIntegerField(_("tasks processed"), default=0)
 
     class Meta:
+        app_label = "taskclaim"  # so a project without the app still sets up (E008)
         verbose_name = _("worker")
         verbose_name_plural = _("workers")
         ordering = ["-last_seen"]
@@ -105,6 +130,7 @@ class QueuePause(models.Model):
     reason = models.CharField(_("reason"), max_length=255, blank=True, default="")
 
     class Meta:
+        app_label = "taskclaim"  # so a project without the app still sets up (E008)
         verbose_name = _("paused queue")
         verbose_name_plural = _("paused queues")
         ordering = ["model", "queue"]
@@ -132,6 +158,7 @@ class RateSlot(models.Model):
     last_start = models.DateTimeField(_("last start"))
 
     class Meta:
+        app_label = "taskclaim"  # so a project without the app still sets up (E008)
         verbose_name = _("rate limit slot")
         verbose_name_plural = _("rate limit slots")
         constraints = [
@@ -140,7 +167,10 @@ class RateSlot(models.Model):
             )
         ]
         indexes = [
-            models.Index(fields=["model", "scope", "last_start"], name="taskclaim_rate_free")
+            models.Index(fields=["model", "scope", "last_start"], name="taskclaim_rate_free"),
+            # what operators read and pruning looks for: a model's slots by claim time
+            # (those of the current window, however many idle rings the table holds)
+            models.Index(fields=["model", "last_start"], name="taskclaim_rate_recent"),
         ]
 
     def __str__(self) -> str:
@@ -164,6 +194,7 @@ class TaskHistory(models.Model):
     failed = models.PositiveBigIntegerField(_("failed"), default=0)
 
     class Meta:
+        app_label = "taskclaim"  # so a project without the app still sets up (E008)
         verbose_name = _("task history minute")
         verbose_name_plural = _("task history")
         constraints = [
@@ -193,6 +224,7 @@ class PeriodicSlot(models.Model):
     target_pk = models.CharField(_("row"), max_length=255, blank=True, default="")
 
     class Meta:
+        app_label = "taskclaim"  # so a project without the app still sets up (E008)
         verbose_name = _("periodic slot")
         verbose_name_plural = _("periodic slots")
         ordering = ["-slot"]
@@ -215,6 +247,7 @@ class PeriodicRun(ClaimableModel):
     result = models.JSONField(_("result"), null=True, blank=True, encoder=DjangoJSONEncoder)
 
     class Meta(ClaimableModel.Meta):
+        app_label = "taskclaim"  # so a project without the app still sets up (E008)
         verbose_name = _("periodic run")
         verbose_name_plural = _("periodic runs")
         ordering = ["-slot"]

@@ -31,6 +31,7 @@ from django_taskclaim.admin.pause import pause_form_context
 from django_taskclaim.admin.task_page import TaskPageMixin
 from django_taskclaim.config.options import get_options
 from django_taskclaim.db import DbNow
+from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.model.status import UNKNOWN_STATE
 from django_taskclaim.ops.figures import model_stats
 from django_taskclaim.rules import lease_ended
@@ -103,6 +104,13 @@ class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        try:
+            get_options(self.model)
+        except ConfigurationError:
+            # Registered while Django sets up (admin.autodiscover): an exception here would
+            # stop every command with a traceback. The system check reports the error in
+            # one line (taskclaim.E002) and stops the command before this admin serves.
+            return
         if self.actions is not None:
             opts = get_options(self.model)
             ours = [

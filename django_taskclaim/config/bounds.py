@@ -124,7 +124,8 @@ def number(
         if not isinstance(value, int | float):
             raise error(f"{name} must be {what}, got {value!r}")
         number_ = float(value)
-    if not math.isfinite(number_):
+    # An int is finite (and isfinite() of one too large for a float raises OverflowError).
+    if isinstance(number_, float) and not math.isfinite(number_):
         raise error(f"{name} must be a finite number, got {value!r}")
     if number_ < 0 or (number_ == 0 and bound.low > 0):
         raise error(f"{name} must be {'> 0' if bound.low > 0 else '>= 0'}, got {value!r}")
