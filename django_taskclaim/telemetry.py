@@ -28,10 +28,27 @@ from typing import Any
 
 from django_taskclaim.capped import CappedCache
 
-__all__ = ["METER_NAME", "Instruments", "configure", "instruments", "timed_out"]
+__all__ = [
+    "DURATION_BUCKETS",
+    "METER_NAME",
+    "Instruments",
+    "configure",
+    "instruments",
+    "timed_out",
+]
 
 #: The instrumentation scope the instruments are created under.
 METER_NAME = "django_taskclaim"
+
+#: Bucket boundaries, in seconds, of the three duration histograms (given to the SDK as
+#: ``explicit_bucket_boundaries_advisory``; a View of yours overrides them). The SDK's
+#: own default (0, 5, 10, 25 … 10000) is made for milliseconds: every sub-second task
+#: would land in its first bucket. From half a millisecond (a claim statement) to an
+#: hour (a long task body), about 2.5× apart.
+DURATION_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+)  # fmt: skip
 
 #: The attribute of a claimed instance that holds the monotonic time its body ended,
 #: while its completion waits to be written with others (for the ack latency).
@@ -59,7 +76,15 @@ class Instruments:
             return meter.create_counter(f"taskclaim.{name}", unit="{task}", description=text)
 
         def histogram(name: str, text: str) -> Any:
-            return meter.create_histogram(f"taskclaim.{name}", unit="s", description=text)
+            try:
+                return meter.create_histogram(
+                    f"taskclaim.{name}",
+                    unit="s",
+                    description=text,
+                    explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
+                )
+            except TypeError:  # an API before 1.23, which takes no advice
+                return meter.create_histogram(f"taskclaim.{name}", unit="s", description=text)
 
         self.counters = {
             "claimed": counter("tasks.claimed", "Rows claimed by this worker."),

@@ -154,3 +154,43 @@ def test_without_opentelemetry_nothing_is_measured(monkeypatch):
     finally:
         monkeypatch.undo()
         telemetry.configure(None)
+
+
+def p50(point) -> float:
+    """The median a dashboard reads from a histogram point: the bucket where half the
+    count is reached, interpolated linearly inside it (as Prometheus's
+    ``histogram_quantile`` and Grafana do)."""
+    bounds = [0.0, *point.explicit_bounds]
+    half = point.count / 2
+    seen = 0
+    for i, count in enumerate(point.bucket_counts[: len(bounds) - 1]):
+        if seen + count >= half:
+            low, high = bounds[i], bounds[i + 1]
+            return low + (high - low) * (half - seen) / count
+        seen += count
+    return float("inf")  # in the open last bucket
+
+
+def test_duration_histograms_have_buckets_for_seconds(reader, settings):
+    """Sub-second bodies (40 ms each) give a median read from the buckets near 40 ms, not
+    somewhere in a first bucket 5 s wide (the SDK's default boundaries are for ms)."""
+    settings.TASKCLAIM_REAP_INTERVAL = 3600
+    Document.objects.bulk_create(
+        Document(title=f"t{i}", payload={"sleep": 0.04}) for i in range(12)
+    )
+    config = WorkerConfig.build([DOC], concurrency=2, burst=True, reap=False)
+    config.handlers[Document] = body
+    assert Worker(config).run() == 0
+    assert Document.objects.filter(status="done").count() == 12
+
+    found = points(reader)
+    (bodies,) = [p for p in found["taskclaim.task.duration"] if p.count == 12]
+    median = p50(bodies)
+    # each body took 40 ms (more on a loaded machine): the median lands in (25 ms, 100 ms]
+    # or a little above, never the 2.5 s the default first bucket (0, 5] would give
+    assert 0.025 <= median <= 0.25, median
+    assert bodies.sum / bodies.count < 0.25  # the bodies were as quick as that
+    for name in ("taskclaim.task.duration", "taskclaim.claim.duration", "taskclaim.ack.duration"):
+        assert found[name], name
+        for point in found[name]:
+            assert tuple(point.explicit_bounds) == telemetry.DURATION_BUCKETS, name

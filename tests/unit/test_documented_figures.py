@@ -20,3 +20,37 @@ def test_key_wait_timeout_figure_is_the_codes(page):
     figures = re.findall(r"(\d+(?:\.\d+)?) s \(`KEY_WAIT_TIMEOUT`\)", text)
     assert figures, f"{page} quotes no figure for KEY_WAIT_TIMEOUT"
     assert {float(f) for f in figures} == {KEY_WAIT_TIMEOUT}
+
+
+OBSERVABILITY = ROOT / "docs" / "observability.md"
+#: The distribution that installs each module prefix an OpenTelemetry snippet imports.
+OTEL_DISTRIBUTIONS = {
+    "opentelemetry.exporter.otlp.proto.http": "opentelemetry-exporter-otlp-proto-http",
+    "opentelemetry.exporter.otlp.proto.grpc": "opentelemetry-exporter-otlp-proto-grpc",
+    "opentelemetry.exporter.prometheus": "opentelemetry-exporter-prometheus",
+    "opentelemetry.sdk": "opentelemetry-sdk",
+    "opentelemetry": "opentelemetry-api",
+}
+
+
+def test_the_otel_set_up_names_every_package_it_imports():
+    """The ``[otel]`` extra installs the API only: each package the page's set-up
+    imports (the SDK, an exporter) is named in the page's ``pip install`` line."""
+    text = OBSERVABILITY.read_text()
+    section = text.split("## Worker metrics (OpenTelemetry)", 1)[1].split("\n## ", 1)[0]
+    installs = " ".join(re.findall(r"^pip install .*$", section, re.M))
+    assert '"django-taskclaim[otel]"' in installs
+    imported = set(re.findall(r"^from (opentelemetry[\w.]*) import", section, re.M))
+    assert imported
+    for module in imported:
+        distribution = next(d for m, d in OTEL_DISTRIBUTIONS.items() if module.startswith(m))
+        if distribution != "opentelemetry-api":  # the extra's
+            assert distribution in installs.split(), module
+
+
+def test_the_duration_buckets_listed_are_the_codes():
+    from django_taskclaim.telemetry import DURATION_BUCKETS
+
+    text = OBSERVABILITY.read_text()
+    listed = " ".join(f"{b:g}" for b in DURATION_BUCKETS)
+    assert f"```text\n{listed}\n```" in text
