@@ -365,10 +365,21 @@ class Ledger:
     def mark_lost(self, task: Claimable, version: int) -> str | None:
         """Record that ``task`` (at token ``version``) was taken back. Returns
         ``"claimed"`` if it had not started (it is dropped: never started), ``"running"``
-        if it is running or unacknowledged, ``None`` if it has moved on since."""
+        if it is running or unacknowledged, ``None`` if it has moved on since or if its
+        outcome is being written by this process right now.
+
+        A row whose outcome write is in flight (its body returned and its thread writes
+        it, or a writer took its buffered completion) may look taken back to a renewal
+        only because that very write landed and the instance is not updated yet: that
+        write is fenced and says itself whether the claim was lost, so nothing is
+        recorded here."""
         with self._lock:
             if task.version != version:
                 return None  # settled since the heartbeat's snapshot
+            if id(task) in self._writing or any(
+                self._running.get(me) is task for me in self._finishing
+            ):
+                return None  # its own outcome write is landing: that write tells
             self._lost.add((type(task), task.pk, version))
             for i, t in enumerate(self._claimed):
                 if t is task:
