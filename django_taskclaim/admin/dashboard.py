@@ -156,6 +156,11 @@ def _rate_rows(rated: list[RatedModel]) -> list[dict[str, Any]]:
     out = []
     for model in rated:
         rings = sorted(model.rings, key=lambda r: (not r.at_limit, -r.starts))[:RING_ROWS]
+        # every ring the view left out: the shown ones' rest, and the busy keys not listed
+        listed_keys = sum(1 for r in model.rings if r.per == "key")
+        hidden = len(model.rings) - len(rings)
+        if model.keys is not None:
+            hidden += model.keys.busy - listed_keys
         out.append(
             {
                 "label": model.model,
@@ -172,7 +177,8 @@ def _rate_rows(rated: list[RatedModel]) -> list[dict[str, Any]]:
                     }
                     for ring in rings
                 ],
-                "more": len(model.rings) - len(rings),
+                "more": hidden,
+                "keys": model.keys.as_dict() if model.keys is not None else None,
             }
         )
     return out

@@ -185,17 +185,16 @@ def test_fleet_never_exceeds_the_key_limit_of_any_key_and_a_kill_leaks_no_slot()
     again = {task for task, tokens in per_task.items() if len(tokens) > 1}
     assert again <= held  # only the killed worker's rows ran a second time
     assert all(len(set(t)) == len(t) for t in per_task.values())  # one holder per token
-    # Nothing leaked: every key's ring is whole and, a window later, lends every slot.
+    # Nothing leaked: every key's ring is whole, or gone (the workers' maintenance prunes
+    # a ring idle for a window), and, a window later, lends every slot.
     rings = RateSlot.objects.filter(model="keyedapp.PairJob")
-    assert sorted(rings.values_list("scope", flat=True).distinct()) == sorted(
-        f"key:{key}" for key in range(KEYS)
-    )
+    assert set(rings.values_list("scope", flat=True)) <= {f"key:{key}" for key in range(KEYS)}
     for key in range(KEYS):
-        assert rings.filter(scope=f"key:{key}").count() == KEY_LIMIT
+        assert rings.filter(scope=f"key:{key}").count() in (0, KEY_LIMIT)
     PairJob.objects.bulk_create(
         PairJob(customer_id=key) for _ in range(KEY_LIMIT + 2) for key in range(KEYS)
     )
-    latest = rings.aggregate(m=Max("last_start"))["m"]
+    latest = rings.aggregate(m=Max("last_start"))["m"] or db_now()
     wait_for(
         lambda: db_now() > latest + timedelta(seconds=KEY_WINDOW),
         timeout=30,

@@ -11,7 +11,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django_taskclaim.config.discovery import resolve_model
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.flow.pause import report
-from django_taskclaim.flow.rate_view import rate_report
+from django_taskclaim.flow.rate_view import rate_view
 from django_taskclaim.ops.figures import format_snapshot, snapshot
 from django_taskclaim.ops.reported import reported_models
 
@@ -44,9 +44,12 @@ class Command(BaseCommand):
         shown = models_ if models_ is not None else reported_models(options["database"])
         snap = snapshot(shown, using=options["database"])
         pauses = report(models_, using=options["database"])  # paused queues and backlog
-        rates = rate_report(models_, using=options["database"])  # rate-limited rings
+        rated = rate_view(models_, using=options["database"])  # rate-limited rings
+        rates = [ring.as_dict() for model in rated for ring in model.rings]
+        keys = [model.keys.as_dict() for model in rated if model.keys is not None]
         if options["json"]:
             doc = {**snap.as_dict(), "paused": pauses, "rate_limits": rates}
+            doc["rate_limit_keys"] = keys
             self.stdout.write(json.dumps(doc, indent=2, sort_keys=True))
         else:
             self.stdout.write(format_snapshot(snap))
@@ -56,4 +59,6 @@ class Command(BaseCommand):
             if rates:
                 self.stdout.write(f"\nrate limits: {len(rates)}")
                 for row in rates:
+                    self.stdout.write(f"  {row['text']}")
+                for row in keys:
                     self.stdout.write(f"  {row['text']}")

@@ -28,6 +28,10 @@ METRICS = {
     "taskclaim_rate_limit_starts": "Starts (claims) in the rate limit ring's current "
     "window (database clock); scope empty: the whole model.",
     "taskclaim_rate_limit": "The rate limit's N: at most this many starts in any window.",
+    "taskclaim_rate_limit_keys_busy": "Keys of the model's key_rate_limit with a start in "
+    "their current window (database clock).",
+    "taskclaim_rate_limit_keys_at_limit": "Keys of the model's key_rate_limit at their "
+    "limit: every slot used within the window.",
     "taskclaim_workers_live": "Registered workers heard from recently (not stopped).",
     "taskclaim_workers_silent": "Registered workers not stopped and not heard from for "
     "TASKCLAIM_WORKER_SILENT_AFTER seconds (shown only, never taken as dead).",
@@ -81,6 +85,14 @@ def render(gauges: Gauges) -> str:
             _sample("taskclaim_rate_limit_starts", where, ring.starts)
         )
         samples["taskclaim_rate_limit"].append(_sample("taskclaim_rate_limit", where, ring.count))
+    for keys in gauges.rate_keys:
+        by_model = (("model", keys.model),)
+        samples["taskclaim_rate_limit_keys_busy"].append(
+            _sample("taskclaim_rate_limit_keys_busy", by_model, keys.busy)
+        )
+        samples["taskclaim_rate_limit_keys_at_limit"].append(
+            _sample("taskclaim_rate_limit_keys_at_limit", by_model, keys.at_limit)
+        )
     samples["taskclaim_workers_live"].append(
         _sample("taskclaim_workers_live", (), gauges.live_workers)
     )

@@ -22,7 +22,7 @@ from django.db.models import Aggregate, Count, Min, Q
 from django_taskclaim.config.discovery import claimable_models
 from django_taskclaim.config.options import ClaimOptions, get_options
 from django_taskclaim.db import DbNow, db_now
-from django_taskclaim.flow.rate_view import RateRing, rate_view
+from django_taskclaim.flow.rate_view import KeyRings, RateRing, rate_view
 from django_taskclaim.rules import lease_expired_q, live_worker_q, silent_worker_q
 
 __all__ = ["QUEUE_FIELD", "Gauges", "QueueGauges", "collect", "queue_gauges"]
@@ -31,6 +31,8 @@ __all__ = ["QUEUE_FIELD", "Gauges", "QueueGauges", "collect", "queue_gauges"]
 QUEUE_FIELD = "queue_name"
 #: The states counted, each a gauge.
 STATES = ("ready", "processing", "failed")
+#: The states of live work: their partial indexes (claim, lease) serve the gauges' read.
+LIVE_STATES = ("ready", "processing")
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,8 @@ class Gauges:
     #: the rings of the rate limits (a per-key ring only while it has a start in its
     #: window: one series per key ever seen would grow without bound)
     rate_rings: list[RateRing] = field(default_factory=list)
+    #: per model with ``key_rate_limit``: its key rings summed up
+    rate_keys: list[KeyRings] = field(default_factory=list)
     live_workers: int = 0
     silent_workers: int = 0
     #: model label -> live workers that serve it
@@ -81,35 +85,50 @@ def _due_q(opts: ClaimOptions) -> Q:
 def queue_gauges(model: type[models.Model], now: datetime, *, using: str) -> list[QueueGauges]:
     """The gauges of ``model`` on ``using``, one per queue that has ``ready``,
     ``processing`` or ``failed`` rows (one entry with zeros, queue ``""``, when none
-    has: a model's gauges never vanish); ``now`` is the database clock. One query."""
+    has: a model's gauges never vanish); ``now`` is the database clock. Two queries:
+    one over the ``ready`` and ``processing`` rows (``status = 'ready' OR status =
+    'processing'``, which the claim and lease partial indexes serve together: never a
+    finished row), one counting the ``failed`` rows."""
     opts = get_options(model)
     label = opts.label
-    counted = Q()
-    for state in STATES:
-        counted |= opts.status_q(state)
+    # OR of equalities, not IN: PostgreSQL combines the two partial indexes for an OR
+    # (BitmapOr); for ``= ANY(array)`` it scans the table.
+    live = opts.status_q("ready") | opts.status_q("processing")
     # Prefixed names: an annotation may not take the name of one of the model's fields.
     figures: dict[str, Aggregate] = {
-        f"tc_{state}": Count("pk", filter=opts.status_q(state)) for state in STATES
+        f"tc_{state}": Count("pk", filter=opts.status_q(state)) for state in LIVE_STATES
     }
     figures["tc_expired"] = Count("pk", filter=lease_expired_q(opts))
     if opts.has("created_at"):
         figures["tc_oldest"] = Min("created_at", filter=_due_q(opts))
-    qs = model._base_manager.using(using).filter(counted).order_by()
+    base = model._base_manager.using(using).order_by()
+    failed_qs = base.filter(opts.status_q("failed"))
     if _has_queues(model):
-        rows = list(qs.values(QUEUE_FIELD).annotate(**figures))
+        rows = {
+            str(row[QUEUE_FIELD] or ""): row
+            for row in base.filter(live).values(QUEUE_FIELD).annotate(**figures)
+        }
+        failed = {
+            str(row[QUEUE_FIELD] or ""): int(row["tc_failed"])
+            for row in failed_qs.values(QUEUE_FIELD).annotate(tc_failed=Count("pk"))
+        }
     else:
-        rows = [qs.aggregate(**figures)]
+        row = base.filter(live).aggregate(**figures)
+        count = failed_qs.count()
+        rows = {"": row} if row["tc_ready"] or row["tc_processing"] else {}
+        failed = {"": count} if count else {}
     found = []
-    for row in rows:
+    for queue in sorted(set(rows) | set(failed)):
+        row = rows.get(queue, {})
         oldest = row.get("tc_oldest")
         found.append(
             QueueGauges(
                 model=label,
-                queue=str(row.get(QUEUE_FIELD) or ""),
-                ready=int(row["tc_ready"] or 0),
-                processing=int(row["tc_processing"] or 0),
-                failed=int(row["tc_failed"] or 0),
-                expired=int(row["tc_expired"] or 0),
+                queue=queue,
+                ready=int(row.get("tc_ready") or 0),
+                processing=int(row.get("tc_processing") or 0),
+                failed=failed.get(queue, 0),
+                expired=int(row.get("tc_expired") or 0),
                 oldest_ready_age=(
                     None
                     if not opts.has("created_at")
@@ -122,7 +141,7 @@ def queue_gauges(model: type[models.Model], now: datetime, *, using: str) -> lis
     if not found:
         age = 0.0 if opts.has("created_at") else None
         found.append(QueueGauges(label, "", 0, 0, 0, 0, age))
-    return sorted(found, key=lambda g: g.queue)
+    return found
 
 
 def collect(
@@ -148,6 +167,8 @@ def collect(
         gauges.queues.extend(queue_gauges(model, clocks[db], using=db))
     for rated in rate_view(chosen, using=using):
         gauges.rate_rings.extend(r for r in rated.rings if r.per != "key" or r.starts)
+        if rated.keys is not None:
+            gauges.rate_keys.append(rated.keys)
     gauges.paused = list(
         QueuePause.objects.using(home).order_by("model", "queue").values_list("model", "queue")
     )

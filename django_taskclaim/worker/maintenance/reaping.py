@@ -5,7 +5,9 @@ At most once per ``TASKCLAIM_REAP_INTERVAL`` across all hosts (a lease lock on
 (:func:`~django_taskclaim.recovery.reap.recover`). A worker makes its first attempt a few
 seconds after it starts (:data:`FIRST_REAP`), not a whole interval later, so a fleet whose
 workers keep dying young still recovers. A worker that falls silent is never declared
-dead here: its rows wait for their lease (NO EARLY RE-RUN).
+dead here: its rows wait for their lease (NO EARLY RE-RUN). The same worker then prunes
+the rate-limit rings of queues and keys that were idle for a whole window
+(:func:`~django_taskclaim.flow.rate_prune.prune_idle_rings`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from django.db import DatabaseError
 from django.db.models import Model
 
 from django_taskclaim.config.settings import taskclaim_settings
+from django_taskclaim.flow.rate_prune import prune_idle_rings
 from django_taskclaim.locks import LeaseLock
 from django_taskclaim.recovery.reap import recover
 from django_taskclaim.telemetry import instruments
@@ -103,6 +106,11 @@ class Reaping(Service):
             telemetry.recovered(result.per_model)
         if result.requeued:
             self.on_requeued()
+        # Under the same lock: the rate-limit rings of queues and keys idle for a window
+        # (docs/rate-limits.md, "Idle rings"); a model without such a limit costs nothing.
+        pruned = prune_idle_rings(self.models, using=self.using)
+        if pruned:
+            logger.info("pruned idle rate-limit rings worker=%s slots=%s", self.worker_id, pruned)
 
 
 def reap_before_burst(models: list[type[Model]], *, using: str, worker_id: str) -> None:
