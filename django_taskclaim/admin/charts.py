@@ -35,6 +35,7 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext as _
 
+from django_taskclaim.backends.history import stored_queue
 from django_taskclaim.claim.scope import QUEUE_FIELD, has_queues
 from django_taskclaim.config.options import get_options
 from django_taskclaim.db import db_now
@@ -234,7 +235,7 @@ def model_charts(
         ):
             ready[None] += row["n"]
             if split:
-                ready[row[QUEUE_FIELD]] += row["n"]
+                ready[_series(row[QUEUE_FIELD])] += row["n"]
     now = db_now(db)
     result.now = now
     current = _utc_minute(now)
@@ -269,7 +270,7 @@ def model_charts(
             if kind is None or minute is None:
                 continue
             minute = _utc_minute(minute)
-            for key in (None, queue[0]) if split else (None,):
+            for key in (None, _series(queue[0])) if split else (None,):
                 cell = counts[key].setdefault(minute, [0, 0])
                 cell[kind] += n
     queues: list[str] = []
@@ -414,3 +415,11 @@ def changelist_charts(request: HttpRequest, model_admin: Any) -> ModelCharts | N
     if not getattr(model_admin, "claim_charts", True):
         return None
     return model_charts(model_admin.model, queryset=model_admin.get_queryset(request))
+
+
+def _series(queue: Any) -> Any:
+    """The key of ``queue``'s series: the name as the history stores it
+    (:func:`~django_taskclaim.backends.history.stored_queue`), so that a queue whose name
+    is longer than the history's column is one series, read from the table or from the
+    history."""
+    return stored_queue(queue) if isinstance(queue, str) else queue

@@ -8,6 +8,8 @@ of the planner's row estimates the dashboard shows for large tables.
   between them); the counts are added to what is there, never overwritten, so
   concurrent writers never lose each other's counts.
 - :meth:`HistorySQL.prune`: delete the rows older than some days, on the database clock.
+- :func:`stored_queue`: a queue name as the ``queue`` column holds it (a name longer than
+  the column is cut and ends with a digest of the whole, the same on write and read).
 - :meth:`HistorySQL.state_estimate`: the planner's statistics of a status column
   (PostgreSQL: ``pg_class.reltuples`` and ``pg_stats``' most common values), ``None``
   elsewhere.
@@ -18,9 +20,11 @@ registry (the models sit above the backends).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 from typing import Any, ClassVar, cast
 
 from django.apps import apps
@@ -57,6 +61,40 @@ class HistoryTable:
 
 #: One row of :meth:`HistorySQL.add`: model label, queue, minute, done, failed.
 HistoryRow = tuple[str, str, datetime, int, int]
+
+#: Hex digits of the SHA-256 that end a queue name too long for the history's column.
+_DIGEST = 16
+
+
+@cache
+def queue_length() -> int:
+    """Characters the history's ``queue`` column holds (its ``max_length``)."""
+    field = apps.get_model("taskclaim", "TaskHistory")._meta.get_field("queue")
+    return int(cast(Any, field).max_length)
+
+
+def stored_queue(queue: str) -> str:
+    """``queue`` as the history stores it: itself when it fits the column, else its first
+    characters, ``~`` and 16 hex digits of its SHA-256, exactly the column's length. The
+    same name always gives the same key (written by every worker, and looked up by the
+    readers with this function too); two long names that share their beginning stay
+    apart. A queue name of any length is counted, never an error for the whole flush."""
+    length = queue_length()
+    if len(queue) <= length:
+        return queue
+    digest = hashlib.sha256(queue.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST]
+    return f"{queue[: length - _DIGEST - 1]}~{digest}"
+
+
+def is_cut(stored: str) -> bool:
+    """Whether ``stored`` (a ``queue`` of the history) is a name :func:`stored_queue` cut:
+    it stands for a queue it does not spell out (a reader cannot offer it as a name)."""
+    length = queue_length()
+    return (
+        len(stored) == length
+        and stored[length - _DIGEST - 1] == "~"
+        and all(c in "0123456789abcdef" for c in stored[length - _DIGEST :])
+    )
 
 
 @dataclass(frozen=True)

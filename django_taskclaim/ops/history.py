@@ -18,7 +18,7 @@ from django.db import connections, models, router
 from django.db.models import Q, Sum
 from django.utils import timezone
 
-from django_taskclaim.backends.history import history_sql
+from django_taskclaim.backends.history import history_sql, is_cut
 from django_taskclaim.db import DbNow
 from django_taskclaim.models import TaskHistory
 
@@ -90,4 +90,4 @@ def recent_queues(label: str, *, using: str, days: int = 1) -> set[str]:
         .values_list("queue", flat=True)
         .distinct()
     )
-    return {q for q in rows if q}
+    return {q for q in rows if q and not is_cut(q)}  # a cut name spells no queue

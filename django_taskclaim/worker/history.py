@@ -16,6 +16,11 @@ the rows older than
 What it does not promise: a worker that dies (SIGKILL, power loss) loses the counts of
 its last heartbeat interval; a flush that fails is retried at the next one with its
 counts kept (a flush whose commit is lost with the connection may then count twice);
+a flush one of whose rows the database refuses for what it holds (``DataError``,
+``IntegrityError``) writes each model and queue on its own and drops only the refused
+ones, with a warning (one row's fault is one row's); a queue name longer than the
+table's column is stored cut, ending with a digest of the whole
+(:func:`~django_taskclaim.backends.history.stored_queue`);
 rows finished outside a worker (admin actions, user code calling ``complete()``) are
 not counted. The charts are a picture of the workers' throughput, not a ledger.
 """
@@ -28,9 +33,9 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, DataError, IntegrityError, connections
 
-from django_taskclaim.backends.history import KEEP_DAYS, HistoryRow, history_sql
+from django_taskclaim.backends.history import KEEP_DAYS, HistoryRow, history_sql, stored_queue
 from django_taskclaim.db import db_now, retry_transient
 from django_taskclaim.worker.service import one_line
 
@@ -125,7 +130,7 @@ class History:
             when = now - timedelta(seconds=max(0.0, mono - second - 0.5))
             if when.tzinfo is not None:
                 when = when.astimezone(UTC)
-            key = (label, queue, when.replace(second=0, microsecond=0))
+            key = (label, stored_queue(queue), when.replace(second=0, microsecond=0))
             cell = minutes.setdefault(key, [0, 0])
             cell[0] += done
             cell[1] += failed
@@ -146,6 +151,41 @@ class History:
 
         retry_transient(add, using, what="history")
 
+    def _write_each(
+        self, rows: list[HistoryRow], counts: dict[tuple[str, str, int], list[int]], using: str
+    ) -> tuple[int, dict[tuple[str, str, int], list[int]]]:
+        """``rows`` written one upsert per (model, queue), after their one upsert was
+        refused. A group refused for its data (``DataError``, ``IntegrityError``) is
+        dropped with a warning naming it; any other error is raised with the ``counts``
+        not written yet attached (``exc.history_counts``) for the caller to keep. Returns
+        the attempts written and the counts left (none)."""
+        groups: dict[tuple[str, str], list[HistoryRow]] = {}
+        for row in rows:
+            groups.setdefault((row[0], row[1]), []).append(row)
+        written = 0
+        settled: set[tuple[str, str]] = set()
+        try:
+            for (label, queue), part in groups.items():
+                try:
+                    self.write(part, using)
+                except (DataError, IntegrityError) as exc:
+                    logger.warning(
+                        "history counts dropped model=%s queue=%s attempts=%s error=%s",
+                        label[:100],
+                        queue[:100],
+                        sum(r[3] + r[4] for r in part),
+                        one_line(exc),
+                    )
+                else:
+                    written += sum(r[3] + r[4] for r in part)
+                settled.add((label, queue))
+        except DatabaseError as exc:
+            exc.history_counts = {  # type: ignore[attr-defined]
+                k: v for k, v in counts.items() if (k[0], stored_queue(k[1])) not in settled
+            }
+            raise
+        return written, {}
+
     def flush(self, using: str) -> int:
         """Add the counts to the history table (one read of the database clock, one
         upsert; hourly, one delete of the rows older than ``KEEP_DAYS``); return the
@@ -160,16 +200,22 @@ class History:
                     return 0
                 if counts:
                     rows = self.rows(counts, db_now(using))
-                    self.write(rows, using)
-                    written = sum(r[3] + r[4] for r in rows)
-                    counts = {}
+                    try:
+                        self.write(rows, using)
+                        written = sum(r[3] + r[4] for r in rows)
+                        counts = {}
+                    except (DataError, IntegrityError):
+                        # Some row of the upsert was refused for what it holds: write
+                        # each model and queue on its own, so that only the counts at
+                        # fault are lost, never those of every model this worker serves.
+                        written, counts = self._write_each(rows, counts, using)
                 now = time.monotonic()
                 if self._pruned_at is None or now - self._pruned_at >= PRUNE_EVERY:
                     self._pruned_at = now
                     with connections[using].cursor() as cursor:
                         sql.prune(cursor, KEEP_DAYS)
             except DatabaseError as exc:
-                self._put_back(counts)
+                self._put_back(getattr(exc, "history_counts", counts))
                 log = logger.debug if self._failing else logger.warning
                 self._failing = True
                 log("history not written (kept for the next heartbeat) error=%s", one_line(exc))

@@ -13,10 +13,16 @@ from django.db import connection, connections
 from django.db.models import Sum
 from django.urls import reverse
 
-from django_taskclaim.backends.history import KEEP_DAYS, history_sql
+from django_taskclaim.backends.history import (
+    KEEP_DAYS,
+    history_sql,
+    is_cut,
+    queue_length,
+    stored_queue,
+)
 from django_taskclaim.db import db_now
 from django_taskclaim.models import TaskHistory
-from django_taskclaim.ops.history import done_in_windows, uses_history
+from django_taskclaim.ops.history import done_in_windows, recent_queues, uses_history
 from django_taskclaim.recovery.prune import prune_history, prune_models
 from django_taskclaim.worker.history import History
 from tests.support.flowapp.models import Errand
@@ -72,6 +78,63 @@ def test_a_worker_with_queues_writes_one_row_per_queue(procs):
         .values_list("queue", "n")
     )
     assert got == {"a": 5, "b": 3}
+
+
+LONG_QUEUE = "q" * 300  # longer than the history's queue column (255)
+
+
+def test_a_queue_name_longer_than_the_history_column_loses_no_counts(procs):
+    """One row whose queue name the history's column cannot hold: every completion of
+    the worker is still counted, that queue's under its cut name (the same on write and
+    read), the other queue's under its own."""
+    Errand.objects.bulk_create([Errand(queue_name="a") for _ in range(19)])
+    Errand.objects.create(queue_name=LONG_QUEUE)
+    w = WorkerProc("flowapp.Errand", "--burst")
+    procs.append(w)
+    assert w.wait(90) == 0, w.stderr()
+    assert Errand.objects.done().count() == 20, (
+        list(Errand.objects.exclude(queue_name="a").values("status", "last_error")),
+        w.stderr()[-3000:],
+    )
+    got = dict(
+        TaskHistory.objects.filter(model="flowapp.Errand")
+        .values("queue")
+        .annotate(n=Sum("done"))
+        .values_list("queue", "n")
+    )
+    cut = stored_queue(LONG_QUEUE)
+    assert got == {"a": 19, cut: 1}
+    assert len(cut) == queue_length() == 255
+    assert cut.startswith("q" * 200)
+    assert cut != stored_queue("q" * 299 + "r")  # two long names stay apart
+    assert is_cut(cut)
+    assert not is_cut("a")
+    assert recent_queues("flowapp.Errand", using="default") == {"a"}  # no queue named so
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_row_the_database_refuses_loses_only_its_own_counts(caplog):
+    """A flush with one row the database refuses for what it holds (here a model label
+    longer than its column) writes the others and drops that one, once, with a warning:
+    it is not kept to fail every later flush, nor does it take the others with it."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite stores a text of any length: no row is refused")
+    history = History()
+    for _ in range(5):
+        history.count(Document(title="x"), "done")
+    for _ in range(3):
+        history.count(Errand(queue_name="b"), "failed")
+    history._add("x." + "M" * 300, "", 0, 2)  # a model label the column cannot hold
+    with caplog.at_level("WARNING", logger="django_taskclaim.worker"):
+        assert history.flush("default") == 8
+    assert history.pending() == 0
+    got = {(r.model, r.queue, r.done, r.failed) for r in TaskHistory.objects.all()}
+    assert got == {("testapp.Document", "", 5, 0), ("flowapp.Errand", "b", 0, 3)}
+    (warning,) = [r.getMessage() for r in caplog.records if "history" in r.getMessage()]
+    assert warning.startswith("history counts dropped model=x.MMMM")
+    assert "attempts=2 " in warning
+    history.count(Document(title="y"), "done")
+    assert history.flush("default") == 1  # the next flush is a plain one
 
 
 @pytest.mark.django_db(transaction=True)

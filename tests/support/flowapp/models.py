@@ -17,7 +17,7 @@ class ErrandRun(models.Model):
     model = models.CharField(max_length=40)
     task_id = models.BigIntegerField()
     token = models.BigIntegerField()
-    queue = models.CharField(max_length=50)
+    queue = models.CharField(max_length=400)
     worker = models.CharField(max_length=255, blank=True, default="")
     claimed_until = models.DateTimeField(null=True)
     started_at = models.DateTimeField(db_default=DbNow())
@@ -42,9 +42,10 @@ def run_body(task: models.Model, seconds: float) -> None:
 
 
 class Errand(ClaimableModel):
-    """A task with a queue (``queue_name``, what ``--queue`` and a queue pause name)."""
+    """A task with a queue (``queue_name``, what ``--queue`` and a queue pause name;
+    longer than the history's column can hold, for the history's tests)."""
 
-    queue_name = models.CharField(max_length=50, default="default")
+    queue_name = models.CharField(max_length=400, default="default")
     work = models.FloatField(default=0.0)
 
     class ClaimMeta:
