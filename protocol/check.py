@@ -5,7 +5,8 @@
     python protocol/check.py --table    print docs/protocol.md's table of actions
     python protocol/check.py --names    list the names of protocol/actions.json that no
                                         longer exist in the code (with DJANGO_SETTINGS_MODULE
-                                        set, e.g. tests.support.settings)
+                                        set, e.g. tests.support.settings), and the tests it
+                                        names that no longer exist in the suite
 
 Each run is ``spin -a`` with the run's bounds, ``gcc`` (``-DSAFETY`` for the safety runs,
 ``-DNFAIR`` for the run under weak fairness) and ``pan`` exhaustively (no bit-state
@@ -15,6 +16,7 @@ replayed with ``spin -t``.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import json
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 MODEL = HERE / "taskclaim.pml"
 ACTIONS = HERE / "actions.json"
 
@@ -313,11 +316,46 @@ def missing_names(actions: list[dict[str, str]]) -> list[str]:
     return problems
 
 
+def _test_names(path: Path) -> set[str]:
+    """``name`` and ``Class::name`` of every test function a test file defines."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    names.add(f"{node.name}::{item.name}")
+    return {name for name in names if name.rpartition("::")[2].startswith("test")}
+
+
+def missing_tests(actions: list[dict[str, Any]], root: Path = ROOT) -> list[str]:
+    """Entries that name no test of their effect, and named tests (pytest node ids,
+    ``path::function`` or ``path::Class::method``, a parameter id allowed) that the suite
+    does not define. Reads the test files; imports nothing."""
+    problems = []
+    for entry in actions:
+        label = entry["label"]
+        tests = entry.get("tests")
+        if not tests or not isinstance(tests, list):
+            problems.append(f"{label}: names no test of its effect")
+            continue
+        for node_id in tests:
+            path, _, name = str(node_id).partition("::")
+            name = name.partition("[")[0]
+            file = root / path
+            if not path.startswith("tests/") or not path.endswith(".py") or not file.is_file():
+                problems.append(f"{label}: test file {path} not found")
+            elif name not in _test_names(file):
+                problems.append(f"{label}: test {node_id} not found in {path}")
+    return problems
+
+
 def render_table(actions: list[dict[str, str]]) -> str:
     """The Markdown table of docs/protocol.md."""
     lines = [
-        "| model action | what one step does | function | statement |",
-        "|---|---|---|---|",
+        "| model action | what one step does | function | statement | tests of its effect |",
+        "|---|---|---|---|---|",
     ]
 
     def cell(text: str) -> str:
@@ -334,7 +372,10 @@ def render_table(actions: list[dict[str, str]]) -> str:
             if entry.get("orm"):
                 parts.append(f"`{entry['orm']}`")
             what = "; ".join(parts)
-        lines.append(f"| `{entry['label']}` | {cell(entry['step'])} | {where} | {cell(what)} |")
+        tests = "<br>".join(f"`{node_id}`" for node_id in entry.get("tests", []))
+        lines.append(
+            f"| `{entry['label']}` | {cell(entry['step'])} | {where} | {cell(what)} | {tests} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -346,7 +387,7 @@ def main(argv: list[str]) -> int:
         import django
 
         django.setup()
-        problems = missing_names(load_actions())
+        problems = missing_names(load_actions()) + missing_tests(load_actions())
         for problem in problems:
             print(problem)
         return 1 if problems else 0

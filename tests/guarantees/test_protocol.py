@@ -98,6 +98,30 @@ def test_every_broken_design_of_the_model_is_a_run_and_back():
     assert len(BROKEN) == len(in_model) == 10
 
 
+def test_every_action_names_tests_of_its_effect_that_exist():
+    """Quoted code shows where an action is; only a test of its effect fails when the
+    code keeps the quote and stops doing what the model says."""
+    actions = check.load_actions()
+    assert all(entry.get("tests") for entry in actions)
+    assert check.missing_tests(actions) == []
+
+
+def test_a_test_that_left_the_suite_fails_the_check():
+    here = "tests/guarantees/test_protocol.py"
+    entries = [
+        {"label": "A_x", "step": "", "tests": []},
+        {"label": "A_y", "step": "", "tests": ["tests/nowhere/test_gone.py::test_x"]},
+        {"label": "A_z", "step": "", "tests": [f"{here}::test_gone"]},
+        {"label": "A_w", "step": "", "tests": [f"{here}::test_gone[param]"]},
+        {"label": "A_u", "step": ""},
+        {"label": "A_v", "step": "", "tests": [f"{here}::test_the_protocol_holds[safety]"]},
+    ]
+    problems = check.missing_tests(entries)
+    assert [p.split(":")[0] for p in problems] == ["A_x", "A_y", "A_z", "A_w", "A_u"]
+    assert "not found" in problems[1]
+    assert "test_gone" in problems[2]
+
+
 def test_the_docs_show_the_table_as_it_is():
     page = (ROOT / "docs" / "protocol.md").read_text()
     assert check.render_table(check.load_actions()) in page
