@@ -230,13 +230,17 @@ def live_workers(using: str | None = None) -> list[WorkerInfo]:
 
 
 def snapshot(
-    targets: Iterable[type[models.Model]] | None = None, *, using: str | None = None
+    targets: Iterable[type[models.Model]] | None = None,
+    *,
+    using: str | None = None,
+    fast: bool = False,
 ) -> Snapshot:
-    """Figures of ``targets`` (default: every claimable model) and the live workers."""
+    """Figures of ``targets`` (default: every claimable model) and the live workers;
+    ``fast``: nothing scans the finished rows (:func:`model_stats`)."""
     chosen = list(targets) if targets is not None else list(claimable_models())
     snap = Snapshot(now=db_now(using or "default"))
     for model in sorted(chosen, key=lambda m: m._meta.label):
-        snap.models.append(model_stats(model, using=using))
+        snap.models.append(model_stats(model, using=using, fast=fast))
     snap.workers = live_workers(using)
     return snap
 
@@ -251,11 +255,15 @@ def format_snapshot(snap: Snapshot) -> str:
     def count(value: int | None) -> str:
         return "-" if value is None else str(value)
 
+    def state(m: ModelStats, name: str) -> str:
+        text = count(m.counts.get(name))
+        return f"≈{text}" if name in m.estimated else text
+
     header = ["model", *STATE_NAMES, "expired", "oldest_ready", "done_5m", "done_60m", "total"]
     rows = [
         [
             m.label,
-            *[count(m.counts.get(s)) for s in STATE_NAMES],
+            *[state(m, s) for s in STATE_NAMES],
             str(m.expired),
             age(m.oldest_ready_age),
             count(m.done_last.get(5)),
@@ -274,6 +282,8 @@ def format_snapshot(snap: Snapshot) -> str:
     ]
     if not rows:
         lines.append("(no claimable models)")
+    if any(m.estimated for m in snap.models):
+        lines.append("≈ the planner's estimate of a large table (--exact counts every row)")
     lines += ["", f"live workers: {len(snap.workers)}"]
     lines += [
         f"  {w.worker_id}  host={w.hostname} pid={w.pid} threads={w.concurrency} "
