@@ -142,14 +142,16 @@ class ClaimActionsMixin:
             reasons.append(
                 str(_("%(n)s changed by someone else meanwhile") % {"n": legal_before - done})
             )
-        skipped = total - done
-        text = _("%(title)s: %(done)s done, %(skipped)s skipped") % {
-            "title": action.title,
-            "done": done,
-            "skipped": skipped,
-        }
+        # Rows can become legal between the count and the UPDATE (a worker failed one
+        # more row of a "select all"): more done than counted, never a negative skip.
+        skipped = max(0, total - done)
+        text = _("%(title)s: %(done)s done") % {"title": action.title, "done": done}
+        if done > legal_before:
+            text += " " + _("(%(n)s of them changed state meanwhile)") % {"n": done - legal_before}
+        text += ", " + _("%(skipped)s skipped") % {"skipped": skipped}
         if skipped:
-            text += f" ({', '.join(reasons)}: {action.rule})"
+            why = f"{', '.join(reasons)}: {action.rule}" if reasons else str(action.rule)
+            text += f" ({why})"
         text += "."
         logger.info(
             "admin action model=%s action=%s user=%s done=%s skipped=%s",

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib import admin
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
 from django.contrib.staticfiles import finders
 from django.db import connection, models
@@ -651,6 +652,43 @@ def test_rows_with_an_unmapped_status_are_counted_alike_everywhere(admin_client)
     assert messages_of(resp) == [
         "Retry failed: 2 done, 2 skipped (1 ready, 1 unknown: only failed tasks are retried)."
     ]
+
+
+@pytest.mark.django_db
+def test_a_row_failing_between_the_count_and_the_update_is_no_negative_skip(admin_client):
+    """A worker fails one more row of a "select all" after the action counted the
+    states and before its UPDATE: the report (and the history) says so, never
+    "-1 skipped (: …)"."""
+    make("failed", 3)
+    (late,) = make("processing")
+    fired: list[str] = []
+
+    def fail_one_after_the_count(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if not fired and "GROUP BY" in sql.upper() and Document._meta.db_table in sql:
+            fired.append(sql)
+            # what a worker's fail() commits meanwhile
+            Document.objects.filter(pk=late.pk).update(status="failed", finished_at=DbNow())
+        return result
+
+    with connection.execute_wrapper(fail_one_after_the_count):
+        # "select all" of the changelist filtered to the failed rows
+        resp = admin_client.post(
+            reverse(CHANGELIST) + "?taskclaim_status=failed",
+            {
+                "action": "taskclaim_retry_failed",
+                "index": 0,
+                "select_across": "1",
+                "_selected_action": [str(Document.objects.filter(status="failed").first().pk)],
+            },
+            follow=True,
+        )
+    assert fired
+    text = "Retry failed: 4 done (1 of them changed state meanwhile), 0 skipped."
+    assert messages_of(resp) == [text]
+    assert states()["ready"] == 4
+    entry = LogEntry.objects.get(content_type__model="document")
+    assert entry.change_message == text
 
 
 @pytest.mark.django_db
