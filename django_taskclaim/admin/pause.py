@@ -208,16 +208,22 @@ def pause_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
     try:
         if op == "pause":
             reason = request.POST.get("reason", "").strip()[:255]
+            # pause() keeps an existing pause unchanged: say so, log nothing
+            already = any(p.queue == (queue or "") for p in paused(model))
             row = pause(model, queue, by=username, reason=reason)
             since = row.paused_at
-            text = _("Paused %(what)s (since %(since)s, by %(by)s).") % {
+            text = (
+                _("%(what)s was already paused (since %(since)s, by %(by)s); nothing done.")
+                if already
+                else _("Paused %(what)s (since %(since)s, by %(by)s).")
+            ) % {
                 "what": what,
                 "since": dateformat.format(since, "Y-m-d H:i:s e")
                 if isinstance(since, datetime)
                 else "now",
                 "by": row.paused_by or "?",
             }
-            changed = True
+            changed = not already
         else:
             changed = resume(model, queue, by=username)
             text = (

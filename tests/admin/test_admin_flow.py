@@ -313,6 +313,15 @@ def test_changelist_pauses_and_resumes_one_queue(admin_client, admin_user):
     assert sorted(e.queue_name for e in claimed) == ["reports", "reports"]
     (entry,) = entries(Errand)
     assert (entry.user_id, entry.change_message) == (admin_user.pk, text)
+    # pausing it again changes nothing: said so, not logged, the first pause kept
+    resp = pause_post(
+        admin_client, "flowapp.Errand", "queue:emails", "pause", reason="again", next=changelist
+    )
+    (again,) = messages_of(admin_client.get(resp["Location"]))
+    assert again.startswith("flowapp.Errand, queue “emails” was already paused (since ")
+    assert again.endswith(", by admin); nothing done.")
+    assert len(entries(Errand)) == 1
+    assert QueuePause.objects.get().reason == "smtp down"
 
     resp = pause_post(admin_client, "flowapp.Errand", "queue:emails", "resume", next=changelist)
     assert messages_of(admin_client.get(resp["Location"])) == [
