@@ -2,10 +2,13 @@
 ``processing`` and ``failed``, the leases expired and the age of the oldest row ready
 to run; the paused queues; the rate limits' rings; the live and silent workers.
 
-Cheap enough to scrape every few seconds: one aggregate query per model (its ``ready``,
-``processing`` and ``failed`` rows only, never the finished ones), one read of the
-database clock, one of the pause table, one aggregate query per rate-limited model
-over its slot rows, and one of the live workers' models. Every age
+Cheap enough to scrape every few seconds: per model one aggregate query over its
+``ready`` and ``processing`` rows (through the claim and lease partial indexes, never a
+finished row) and one count of its ``failed`` rows (a scan of the table unless the model
+has an index over them: docs/observability.md), one read of the database clock, one of
+the pause table, per rate-limited model the reads of
+:func:`~django_taskclaim.flow.rate_view.rate_view` (never an idle key's ring), and one of
+the live workers' models. Every age
 is the database's ``now()`` minus a stored time (DB CLOCK: never the web server's
 clock). Served as Prometheus text by :mod:`.views` and ``manage.py taskclaim_metrics``.
 """
@@ -23,7 +26,7 @@ from django_taskclaim.config.discovery import claimable_models
 from django_taskclaim.config.options import ClaimOptions, get_options
 from django_taskclaim.db import DbNow, db_now
 from django_taskclaim.flow.rate_view import KeyRings, RateRing, rate_view
-from django_taskclaim.rules import lease_expired_q, live_worker_q, silent_worker_q
+from django_taskclaim.rules import lease_expired_q, live_worker_q, ready_since, silent_worker_q
 
 __all__ = ["QUEUE_FIELD", "Gauges", "QueueGauges", "collect", "queue_gauges"]
 
@@ -100,7 +103,7 @@ def queue_gauges(model: type[models.Model], now: datetime, *, using: str) -> lis
     }
     figures["tc_expired"] = Count("pk", filter=lease_expired_q(opts))
     if opts.has("created_at"):
-        figures["tc_oldest"] = Min("created_at", filter=_due_q(opts))
+        figures["tc_oldest"] = Min(ready_since(opts), filter=_due_q(opts))
     base = model._base_manager.using(using).order_by()
     failed_qs = base.filter(opts.status_q("failed"))
     if _has_queues(model):
