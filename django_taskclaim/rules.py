@@ -17,8 +17,9 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, cast
 
 from django.db import connections, models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.db.models.expressions import CombinedExpression, RawSQL
+from django.db.models.functions import Coalesce, Greatest
 
 from django_taskclaim.backends import for_connection
 from django_taskclaim.config.settings import taskclaim_settings
@@ -33,6 +34,7 @@ __all__ = [
     "lease_expired_q",
     "lease_running_q",
     "live_worker_q",
+    "ready_since",
     "silence_cutoff",
     "silent_after",
     "silent_worker_q",
@@ -65,6 +67,20 @@ def lease_ended(locked_until: datetime, now: datetime) -> bool:
     ``locked_until`` has expired at ``now``, which must be the database's clock (for
     example the admin's per-row annotation of it)."""
     return locked_until < now
+
+
+# -- waiting ----------------------------------------------------------------------------
+
+
+def ready_since(opts: ClaimOptions) -> models.Expression:
+    """When a ``ready`` row became ready: the later of its ``created_at`` and its
+    ``run_after`` (the time a retry, a requeue or the enqueuer set it to run from), so
+    that a row retried after days waits from its retry, not from its creation. Needs
+    ``created_at``. The "oldest ready" figures (the admin, ``taskclaim_stats``, the
+    doctor's ``TC-D020`` and ``taskclaim_oldest_ready_age_seconds``) age from it."""
+    if not opts.has("run_after"):
+        return F("created_at")
+    return Greatest(F("created_at"), Coalesce(F("run_after"), F("created_at")))
 
 
 # -- status re-check ------------------------------------------------------------------

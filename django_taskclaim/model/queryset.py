@@ -321,7 +321,8 @@ class ClaimQuerySetMixin(_QuerySetBase):
         if reset_attempts:
             extra["attempts"] = 0
         if opts.has("run_after"):
-            extra["run_after"] = None
+            # due now, and ready since now: the "oldest ready" figures age from it
+            extra["run_after"] = DbNow()
         if opts.has("finished_at"):
             extra["finished_at"] = None
         states = [s for s in ("failed", "cancelled", "done") if opts.statuses.get(s) is not None]

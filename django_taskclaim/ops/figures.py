@@ -24,7 +24,7 @@ from django_taskclaim.db import DbNow, db_now
 from django_taskclaim.model.queryset import as_claim_queryset
 from django_taskclaim.model.status import STATE_NAMES
 from django_taskclaim.ops.history import done_in_windows, uses_history, whole_table
-from django_taskclaim.rules import live_worker_q
+from django_taskclaim.rules import live_worker_q, ready_since
 
 logger = logging.getLogger("django_taskclaim.ops.figures")
 
@@ -176,7 +176,7 @@ def model_stats(
     expired = qs.expired().count()
     oldest: float | None = None
     if opts.has("created_at") and counts.get("ready"):
-        first = qs.claimable().aggregate(first=Min("created_at"))["first"]
+        first = qs.claimable().aggregate(first=Min(ready_since(opts)))["first"]
         if first is not None:
             oldest = max(0.0, (db_now(db) - first).total_seconds())
     done_last: dict[int, int | None] = {}

@@ -19,9 +19,10 @@ from django.urls import path, reverse
 
 from django_taskclaim import ClaimLost
 from django_taskclaim.admin import ClaimableAdminMixin
-from django_taskclaim.db import DbNow
+from django_taskclaim.db import DbNow, db_now
 from django_taskclaim.models import ClaimableMixin, ClaimFieldsMixin, Lease, WorkerProcess
 from django_taskclaim.ops.figures import live_workers
+from django_taskclaim.ops.metrics.gauges import queue_gauges
 from django_taskclaim.rules import lease_ended
 from django_taskclaim.worker import silent_workers
 from tests.support.testapp.admin import DocumentAdmin
@@ -689,6 +690,33 @@ def test_a_row_failing_between_the_count_and_the_update_is_no_negative_skip(admi
     assert states()["ready"] == 4
     entry = LogEntry.objects.get(content_type__model="document")
     assert entry.change_message == text
+
+
+@pytest.mark.django_db
+def test_oldest_ready_ages_from_the_retry_not_from_the_creation(admin_client):
+    """Retrying rows that failed days ago must not fire the backlog alert at once: the
+    changelist, the dashboard, taskclaim_stats' figures and the gauge age a ready row
+    from when it became ready."""
+    old = make("failed", 2)
+    Document.objects.filter(pk__in=[d.pk for d in old]).update(
+        created_at=DbNow() - timedelta(days=3)
+    )
+    resp = run_action(admin_client, "taskclaim_retry_failed", old)
+    assert messages_of(resp) == ["Retry failed: 2 done, 0 skipped."]
+    summary = admin_client.get(reverse(CHANGELIST)).context["taskclaim_summary"]
+    assert summary["stats"].oldest_ready_age < 600
+    rows = admin_client.get(reverse("admin:taskclaim_dashboard")).context["taskclaim_rows"]
+    (row,) = [r for r in rows if r["label"] == "testapp.Document"]
+    assert row["oldest_ready"].endswith("s")
+    assert "m" not in row["oldest_ready"]
+    (gauge,) = queue_gauges(Document, db_now(), using="default")
+    assert gauge.ready == 2
+    assert gauge.oldest_ready_age < 600
+    # a row never retried still ages from its creation
+    (fresh,) = make("ready")
+    Document.objects.filter(pk=fresh.pk).update(created_at=DbNow() - timedelta(hours=2))
+    (gauge,) = queue_gauges(Document, db_now(), using="default")
+    assert 7100 < gauge.oldest_ready_age < 7300
 
 
 @pytest.mark.django_db

@@ -22,8 +22,8 @@ METRICS = {
     "for later), per queue.",
     "taskclaim_expired_leases": "Processing rows whose lease has expired (database clock): "
     "the next reap takes them back.",
-    "taskclaim_oldest_ready_age_seconds": "Seconds since the oldest row ready to run now was "
-    "created (database clock); 0 when none is.",
+    "taskclaim_oldest_ready_age_seconds": "Seconds since the oldest row ready to run now became "
+    "ready (created, or retried / requeued; database clock); 0 when none is.",
     "taskclaim_queue_paused": "1 for each paused queue (queue empty: all of the model's queues).",
     "taskclaim_rate_limit_starts": "Starts (claims) in the rate limit ring's current "
     "window (database clock); scope empty: the whole model.",
