@@ -176,8 +176,9 @@ class LeaseLock:
             return 0.0
         return max(0.0, lease.deadline - time.monotonic())
 
-    def _good_until(self, sent: float) -> float:
-        return sent + self.ttl - safety_margin(self.ttl)
+    def _good_until(self, sent: float, ttl: float | None = None) -> float:
+        ttl = self.ttl if ttl is None else ttl
+        return sent + ttl - safety_margin(ttl)
 
     def acquire(self) -> bool:
         """Take the lease if it is free or expired; ``True`` if this call holds it.
@@ -213,18 +214,21 @@ class LeaseLock:
         logger.debug("lease acquired key=%s owner=%s token=%s", self.key, self.owner, token)
         return True
 
-    def renew(self) -> bool:
+    def renew(self, ttl: float | None = None) -> bool:
         """Extend the lease to ``now() + ttl``; ``False`` (and :attr:`lost`) if it was lost.
+        ``ttl`` (seconds, within the constructor's bounds) is this renewal's only; by
+        default the lock's own.
 
         Fenced on (key, owner, token): after a takeover it changes nothing. A lease whose
         local deadline already passed is not renewed (someone may hold it already), and
         a renewal that returns after the deadline does not revive it: lost stays lost.
         """
-        return self._renew(lock_wait=None)
+        return self._renew(lock_wait=None, ttl=None if ttl is None else validate_ttl(ttl))
 
-    def _renew(self, *, lock_wait: float | None) -> bool:
+    def _renew(self, *, lock_wait: float | None, ttl: float | None = None) -> bool:
         """:meth:`renew`; with ``lock_wait`` its statement waits on the row's lock for
         at most that many seconds (then raises the vendor's lock timeout error)."""
+        seconds = self.ttl if ttl is None else ttl
         lease = self._lease
         token = lease.token
         if token is None or lease.lost:
@@ -234,7 +238,7 @@ class LeaseLock:
         sent = time.monotonic()
 
         def step(sql: DatabaseSQL, cursor: Any, t: LeaseTable) -> bool:
-            return sql.lease_renew(cursor, t, self.key, self.owner, token, self.ttl)
+            return sql.lease_renew(cursor, t, self.key, self.owner, token, seconds)
 
         ok = self._statement(step) if lock_wait is None else self._bounded(step, lock_wait)
         if not ok:
@@ -246,7 +250,7 @@ class LeaseLock:
                 return False  # released (or taken anew) meanwhile
             landed = not current.lost and time.monotonic() < current.deadline
             if landed:
-                self._lease = replace(current, deadline=self._good_until(sent))
+                self._lease = replace(current, deadline=self._good_until(sent, seconds))
         if not landed:
             self._mark_lost("its renewal returned after its deadline", token=token)
             return False

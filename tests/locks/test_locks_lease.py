@@ -56,6 +56,27 @@ def test_each_operation_is_one_statement_on_postgres_and_sqlite(vendor):
         assert len(ctx.captured_queries) == statements, ctx.captured_queries
 
 
+def test_a_renewal_may_name_its_own_ttl():
+    """``renew(ttl)`` moves the end to ``now() + ttl`` for that renewal only (the reap
+    lock is held briefly while reaping, then until the next reap is due)."""
+    lock = LeaseLock("brief-then-long", 5, owner="a")
+    assert lock.acquire()
+
+    def left() -> float:
+        row = Lease.objects.annotate(clock=DbNow()).values_list("locked_until", "clock")
+        until, now = row.get(key="brief-then-long")
+        return (until - now).total_seconds()
+
+    assert left() <= 5
+    assert lock.renew(600) is True
+    assert 590 < left() <= 600
+    assert lock.seconds_left > 500
+    assert lock.renew() is True  # the lock's own ttl again
+    assert left() <= 5
+    with pytest.raises(LockUsageError):
+        lock.renew(float("nan"))
+
+
 def test_takeover_after_expiry_fences_the_old_holder():
     old = LeaseLock("files", 0.3, owner="old")
     new = LeaseLock("files", 30, owner="new")

@@ -110,6 +110,82 @@ def test_the_first_reap_comes_soon_after_a_worker_starts():
     assert all(first_wait(0.3) <= 0.36 for _ in range(200))  # never later than the interval
 
 
+INTERVAL = 3.0  # TASKCLAIM_REAP_INTERVAL of the crash-looping fleet below
+SLACK = 1.0  # seconds allowed beyond one interval (the poll below, a loaded machine)
+FLEET = 3  # workers alive at a time (one of them at least started)
+SHORT_LIFE = 1.5  # seconds each lives after its startup line before its SIGKILL
+
+
+def expiring_rows(n: int, *, start: float, step: float) -> list[int]:
+    """``n`` rows held by a worker that is gone, their leases ending one by one on the
+    database clock: the first ``start`` seconds from now, then one every ``step``."""
+    Document.objects.bulk_create([Document(title=f"orphan {i}") for i in range(n)])
+    held = Document.objects.claim(n, worker="gone-for-good")
+    assert len(held) == n
+    for i, doc in enumerate(held):
+        Document.objects.filter(pk=doc.pk).update(
+            locked_until=Now() + timedelta(seconds=start + i * step)
+        )
+    return [d.pk for d in held]
+
+
+def test_a_crash_looping_fleet_reaps_every_expired_lease_within_one_interval():
+    """Workers SIGKILLed SHORT_LIFE s after their startup line, one after another, each
+    replaced at once, so that one has always started: every lease that ends meanwhile
+    is reaped within one reap interval of its end (database clock), however short the
+    lives of the workers and whoever held the reap lock when it was killed."""
+    procs: list[WorkerProc] = []
+    born: dict[int, float] = {}
+
+    def spawn() -> WorkerProc:
+        w = WorkerProc("testapp.Document", "--poll", "0.2",
+                       settings={"TASKCLAIM_REAP_INTERVAL": INTERVAL})  # fmt: skip
+        procs.append(w)
+        return w
+
+    alive = [spawn() for _ in range(FLEET)]
+    kills = 0
+    try:
+        alive[0].wait_started(timeout=60)
+        pks = expiring_rows(40, start=2.0, step=0.25)
+        ends = dict(Document.objects.filter(pk__in=pks).values_list("pk", "locked_until"))
+        seen: dict[int, Any] = {}  # pk -> database time its reap was first seen
+
+        def step() -> bool:
+            nonlocal kills
+            pending = [pk for pk in pks if pk not in seen]
+            rows = (
+                Document.objects.filter(pk__in=pending)
+                .annotate(db_time=Now())
+                .values_list("pk", "version", "db_time")
+            )
+            for pk, version, at in rows:
+                if version > 1:
+                    seen[pk] = at
+            for w in alive:
+                if w.pid not in born and "taskclaim worker" in w.stdout():
+                    born[w.pid] = time.monotonic()
+            started = sorted((w for w in alive if w.pid in born), key=lambda w: born[w.pid])
+            if len(started) >= 2 and time.monotonic() - born[started[0].pid] >= SHORT_LIFE:
+                started[0].kill()
+                kills += 1
+                alive.remove(started[0])
+                alive.append(spawn())
+            assert all(w.alive() for w in alive), "a worker of the fleet exited on its own"
+            return len(seen) == len(pks)
+
+        wait_for(step, timeout=120, interval=0.05, what="every expired lease reaped")
+    finally:
+        stop_all(procs)
+    late = {pk: (seen[pk] - ends[pk]).total_seconds() for pk in pks}
+    worst = max(late.values())
+    assert kills >= 5, f"only {kills} workers killed: the fleet did not crash-loop"
+    assert worst <= INTERVAL + SLACK, (
+        f"an expired lease waited {worst:.2f} s for its reap (interval {INTERVAL} s); "
+        f"waits: {sorted(round(v, 2) for v in late.values())}"
+    )
+
+
 # -- 3. the claim gate is bounded ---------------------------------------------------------
 
 GATE = 5  # TASKCLAIM_CLAIM_GATE of both claimers: a claim of 5 rows takes the gate
