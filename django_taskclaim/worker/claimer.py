@@ -39,6 +39,7 @@ from django_taskclaim.telemetry import instruments
 from django_taskclaim.worker.acks import Acks
 from django_taskclaim.worker.config import WorkerConfig
 from django_taskclaim.worker.dbconn import backoff, close, drop_stale, pause
+from django_taskclaim.worker.leasewatch import LeaseReport, lease_until
 from django_taskclaim.worker.ledger import SHARES_ATTR, Ledger, runs_alone
 from django_taskclaim.worker.service import Outage, one_line
 
@@ -58,6 +59,7 @@ class Claimer(threading.Thread):
         release: Callable[[list[Any]], int],
         stopping: threading.Event,
         outage: Outage,
+        lease_report: LeaseReport | None = None,
     ) -> None:
         super().__init__(name="taskclaim-claimer", daemon=True)
         self.config = config
@@ -79,6 +81,11 @@ class Claimer(threading.Thread):
         #: Set by a claim a rate limit held back: seconds until its slot frees.
         self.rate_wait: float | None = None
         self.telemetry = instruments()  # None without OpenTelemetry: nothing measured
+        #: Under ``--processes``: the lease times this process keeps on its supervisor's
+        #: pipe (:mod:`.leasewatch`); each claim counts as held from before it is sent.
+        self.lease_report = lease_report
+        #: The claims in flight told to the supervisor: whether each returned rows.
+        self._reported: dict[int, bool] = {}
 
     def run(self) -> None:
         try:
@@ -118,6 +125,7 @@ class Claimer(threading.Thread):
                 rows = self._claim(models, turn, want)
                 turn += 1
             except DatabaseError as exc:
+                self._claims_done()
                 self.ledger.unreserve(want)
                 first = self.outage.failed(exc)
                 close(self.config.using)
@@ -139,7 +147,9 @@ class Claimer(threading.Thread):
                 rows = self._one_recovered(rows)
                 if not self.ledger.add_claimed(rows):  # stopped meanwhile: give them back
                     self.release(rows)
+                self._claims_done()
                 continue
+            self._claims_done()
             self.acks.flush()  # nothing to claim: no reason to keep completions waiting
             if self.rate_wait is not None:  # held back by a rate limit: wait for its slot
                 self.wake.wait(min(poll, self.rate_wait))
@@ -174,10 +184,17 @@ class Claimer(threading.Thread):
         self.rate_wait = None
         for i in range(len(models)):
             model = models[(turn + i) % len(models)]
-            sent = time.monotonic() if self.telemetry is not None else 0.0
-            rows = self.queryset(model).claim(
-                want, lease=self.config.lease_for(model), worker=self.worker_id
-            )
+            lease = self.config.lease_for(model)
+            report = self.lease_report
+            sent = time.monotonic() if self.telemetry is not None or report is not None else 0.0
+            if report is not None:
+                key = report.claiming(sent, lease)
+                self._reported[key] = False
+            rows = self.queryset(model).claim(want, lease=lease, worker=self.worker_id)
+            if report is not None and rows:
+                self._reported[key] = True
+                for row in rows:
+                    lease_until(row, sent, lease)
             self.claims += 1
             if get_options(model).rate_limits:
                 hint = wait_hint()
@@ -189,6 +206,14 @@ class Claimer(threading.Thread):
             if rows:
                 return rows
         return []
+
+    def _claims_done(self) -> None:
+        """The claims just made are over: their rows (if any) are in the ledger, each
+        with its own lease time, or given back; the supervisor is told the new earliest."""
+        if self.lease_report is not None:
+            while self._reported:
+                key, rows = self._reported.popitem()
+                self.lease_report.claimed(key, rows=rows)
 
     def _finish(self) -> None:
         """Burst drained or budget spent: close the ledger once nothing is in flight."""

@@ -9,7 +9,8 @@ the instance overdue, sets its cancellation flag (``task.cancel_requested()``, t
 records the attempt as a failure with ``TimeoutError`` (:meth:`Deadlines.past`).
 
 A body that ignores the flag keeps running; its lease is kept by the heartbeat, so the
-row is never run again meanwhile (NO EARLY RE-RUN). Once it is ``grace`` seconds past its
+row is never run again meanwhile (NO EARLY RE-RUN; a body that stalls the whole process
+stops the heartbeat too: :mod:`.leasewatch`). Once it is ``grace`` seconds past its
 deadline (``TASKCLAIM_TIMEOUT_GRACE``, else the model's lease):
 
 - in a ``--processes`` child, the supervisor kills the process and replaces it: each

@@ -40,6 +40,7 @@ from django.db.models import Model
 
 from django_taskclaim.claim.base import was_recovered
 from django_taskclaim.db import default_worker_id
+from django_taskclaim.settle.deadline import uses_deadlines
 from django_taskclaim.worker.acks import Acks
 from django_taskclaim.worker.claimer import Claimer
 from django_taskclaim.worker.config import WorkerConfig
@@ -52,6 +53,7 @@ from django_taskclaim.worker.exits import (
     EXIT_UNAVAILABLE,
 )
 from django_taskclaim.worker.handback import Handback
+from django_taskclaim.worker.leasewatch import LeaseReport
 from django_taskclaim.worker.ledger import Ledger
 from django_taskclaim.worker.maintenance.heartbeat import Heartbeat
 from django_taskclaim.worker.maintenance.listener import Listener
@@ -78,12 +80,12 @@ class Worker:
     ``run()`` blocks and returns an exit code from :data:`~.exits.EXIT_CODES`. Signals
     are handled only when ``run()`` is called from the main thread. ``parent`` is the
     pid of the supervisor this process must not outlive (``None``: not supervised);
-    ``deadline_report`` the pipe on which it tells that supervisor the deadlines of the
-    bodies it runs (:mod:`.deadlines`).
+    ``report_fd`` the pipe on which it tells that supervisor the deadlines of the bodies
+    it runs (:mod:`.deadlines`) and how long its leases surely run (:mod:`.leasewatch`).
     """
 
     def __init__(
-        self, config: WorkerConfig, *, parent: int | None = None, deadline_report: int | None = None
+        self, config: WorkerConfig, *, parent: int | None = None, report_fd: int | None = None
     ) -> None:
         self.config = config
         self.parent = parent
@@ -116,6 +118,12 @@ class Worker:
         self.registry = Registry(
             self.worker_id, list(self.scope.labels.values()), config.concurrency, self.ledger
         )
+        #: Under ``--processes``: the lease times kept on the supervisor's pipe.
+        self.lease_report = (
+            None
+            if report_fd is None
+            else LeaseReport(report_fd, self.ledger, worker_id=self.worker_id)
+        )
         # Claim failures reported every WARN_EVERY seconds while they last (the claimer
         # logs the first one itself); --burst gives up on them after BURST_WAIT.
         self.claim_outage = Outage(
@@ -135,6 +143,7 @@ class Worker:
             release=self.handback.release,
             stopping=self._stopping,
             outage=self.claim_outage,
+            lease_report=self.lease_report,
         )
         self.executors = Executors(
             config,
@@ -143,7 +152,7 @@ class Worker:
             worker_id=self.worker_id,
             halt=self._halt,
             wake_main=self._main_wake,
-            deadline_report=deadline_report,
+            deadline_report=report_fd,
         )
         #: The background services (heartbeat, reaping, scheduler, listener), once started.
         self._services: list[Service] = []
@@ -218,6 +227,8 @@ class Worker:
             reap_before_burst(self.config.models, using=self.using, worker_id=self.worker_id)
         self.registry.register()
         connections.close_all()  # the main thread needs a connection again only to stop
+        if self.parent is None:
+            self._warn_unsupervised()
         self._start_services()
         self.executors.start()
         self.claimer.start()
@@ -308,6 +319,8 @@ class Worker:
             service.stop()
         for service in self._services if code == EXIT_OK else ():
             service.join(timeout=5)
+        if self.lease_report is not None:  # nothing held now: no lease for the supervisor to watch
+            self.lease_report.refresh()
         self.executors.loop.stop()
         self.ledger.history.flush(self.using)  # the last counts of the charts; never raises
         self.registry.deregister()
@@ -319,6 +332,26 @@ class Worker:
         )
         connections.close_all()
         return code
+
+    def _warn_unsupervised(self) -> None:
+        """Without ``--processes``, say once what a model with a deadline gives up: a
+        body that stalls this whole process (a C call holding the GIL, ``SIGSTOP``) stops
+        the heartbeat too, so past its lease another worker may run the row beside it
+        (its writes land nowhere: fenced). Under ``--processes`` the supervisor kills
+        such a process first (:mod:`.leasewatch`)."""
+        timed = [m._meta.label for m in self.config.models if uses_deadlines(m)]
+        if not timed:
+            return
+        logger.warning(
+            "worker without --processes: a task body that stalls this whole process (a C "
+            "call holding the GIL) longer than its lease (%gs) can be run again by another "
+            "worker while it still runs; its own writes then land nowhere (fenced). Run "
+            "with --processes N to have such a process killed before its leases lapse "
+            "models=%s worker=%s",
+            self.lease,
+            ",".join(timed),
+            self.worker_id,
+        )
 
     def _start_services(self) -> None:
         """Start the listener (LISTEN wake-ups), the heartbeat, reaping, the scheduler."""
@@ -337,6 +370,7 @@ class Worker:
                 halt=self._halt,
                 on_lost=self.executors.claim_lost,
                 on_beat=self.executors.deadlines.beat,
+                lease_report=self.lease_report,
             )
         )
         if c.reap:

@@ -24,14 +24,24 @@ an orphaned child stops at once, giving back the rows it holds (see
 :mod:`.process`). A child that exits with :data:`~.exits.EXIT_UNAVAILABLE` (``--burst``
 gave up on its database) is not restarted either.
 
-Deadlines (``ClaimMeta.timeout``, a row's ``task_timeout``): where a served model can have
-one, each child reports the bodies with a deadline it starts and ends on a pipe
-(:mod:`.deadlines`), and the supervisor, instead of blocking in ``wait()``, looks every
-:data:`WATCH_POLL` seconds. A child still running a body ``TASKCLAIM_TIMEOUT_GRACE``
-seconds past its deadline is killed (``SIGKILL``: the body ignores its cancellation flag)
-and, once reaped, replaced at once: that attempt fails with ``TimeoutError``, fenced, and
-the child's other rows go back ``ready`` without losing an attempt
-(:mod:`~django_taskclaim.recovery.overdue`).
+Each child has a pipe to the supervisor, which, instead of blocking in ``wait()``, reads
+it and looks at its children every :data:`WATCH_POLL` seconds (sooner when a child's
+lease time comes first).
+
+Leases (ONE BODY AT A TIME): a body that stalls its whole process (a C call holding the
+GIL, ``SIGSTOP``) stops that process's heartbeat too. Each child reports on its pipe how
+long the leases of the rows it may still run surely last (:mod:`.leasewatch`: the time
+taken before the claim or renewal that set them, plus the lease, less a margin); a
+child that has not renewed them by then is killed (``SIGKILL``) before they can lapse,
+and once ``waitpid`` has seen it die its rows are released as after any crash. So
+another worker never takes back a row whose body still runs in a stalled child.
+
+Deadlines (``ClaimMeta.timeout``, a row's ``task_timeout``): each child reports the
+bodies with a deadline it starts and ends on the same pipe (:mod:`.deadlines`). A child
+still running a body ``TASKCLAIM_TIMEOUT_GRACE`` seconds past its deadline is killed
+(``SIGKILL``: the body ignores its cancellation flag) and, once reaped, replaced at
+once: that attempt fails with ``TimeoutError``, fenced, and the child's other rows go
+back ``ready`` without losing an attempt (:mod:`~django_taskclaim.recovery.overdue`).
 """
 
 from __future__ import annotations
@@ -49,12 +59,11 @@ from dataclasses import replace
 from typing import Any
 
 from django.apps import apps
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from django_taskclaim.db import default_worker_id
 from django_taskclaim.recovery.overdue import fail_overdue, give_back_held
 from django_taskclaim.recovery.reap import release_worker
-from django_taskclaim.settle.deadline import uses_deadlines
 from django_taskclaim.worker.config import WorkerConfig
 from django_taskclaim.worker.exits import EXIT_FORCED, EXIT_OK, EXIT_UNAVAILABLE
 from django_taskclaim.worker.maintenance.registry import mark_stopped
@@ -115,19 +124,20 @@ class Supervisor:
         processes: int,
         *,
         on_exit: Callable[[int, int, int], None] | None = None,
-        watch_deadlines: bool = False,
+        watch: bool = False,
     ) -> None:
         if processes < 1:
             raise ValueError("processes must be >= 1")
         self.target = target
         self.on_exit = on_exit
-        self.watch_deadlines = watch_deadlines
-        #: In a child: the write end of its deadline pipe (``None``: not watched).
+        self.watch = watch
+        #: In a child: the write end of its report pipe (``None``: not watched).
         self.report_fd: int | None = None
         self._reports: dict[int, int] = {}  # read end -> child pid
         self._partial: dict[int, bytes] = {}  # read end -> an unfinished line
         self._armed: dict[int, dict[str, dict[str, Any]]] = {}  # pid -> key -> report
         self._killed: dict[int, list[dict[str, Any]]] = {}  # pid -> the bodies it ran late
+        self._lease_kill: dict[int, float] = {}  # pid -> when its leases could lapse (less margin)
         self.processes = processes
         self.pid = os.getpid()  # the parent each child watches
         self.children: dict[int, tuple[int, float]] = {}  # pid -> (index, started)
@@ -141,12 +151,12 @@ class Supervisor:
         connections.close_all()
         sys.stdout.flush()
         sys.stderr.flush()
-        read_end, write_end = os.pipe() if self.watch_deadlines else (-1, -1)
+        read_end, write_end = os.pipe() if self.watch else (-1, -1)
         pid = os.fork()
         if pid == 0:  # child
             code = 1
             try:
-                if self.watch_deadlines:
+                if self.watch:
                     for fd in [read_end, *self._reports]:
                         os.close(fd)
                     self._reports.clear()
@@ -167,7 +177,7 @@ class Supervisor:
                 finally:
                     os._exit(code)
         self.children[pid] = (index, time.monotonic())
-        if self.watch_deadlines:
+        if self.watch:
             os.close(write_end)
             os.set_blocking(read_end, False)
             self._reports[read_end] = pid
@@ -194,14 +204,14 @@ class Supervisor:
             return
         try:
             self.on_exit(index, pid, code)
-        except Exception as exc:
+        except Exception as exc:  # a database away (expected: one line) or a bug
             logger.error(
                 "could not release the rows of exited worker index=%s pid=%s error=%s "
                 "(their leases will expire)",
                 index,
                 pid,
-                exc,
-                exc_info=exc,
+                " ".join(str(exc).split()) or repr(exc),
+                exc_info=None if isinstance(exc, DatabaseError) else exc,
             )
         finally:
             connections.close_all()  # no connection may cross the next fork
@@ -213,9 +223,9 @@ class Supervisor:
         return list(self._killed.get(pid, ()))
 
     def _wait(self) -> tuple[int, int]:
-        """``os.wait()``; while watching deadlines, the reports are read and overdue
+        """``os.wait()``; while watching, the reports are read and overdue or silent
         children killed meanwhile (:data:`WATCH_POLL`)."""
-        if not self.watch_deadlines:
+        if not self.watch:
             return os.wait()
         while True:
             pid, status = os.waitpid(-1, os.WNOHANG)  # ChildProcessError: no child left
@@ -224,10 +234,13 @@ class Supervisor:
             self._pause(WATCH_POLL)
 
     def _pause(self, seconds: float) -> None:
-        """Wait ``seconds``, reading the children's reports meanwhile if watched."""
-        if not self.watch_deadlines:
+        """Wait ``seconds`` (less if a child's lease time comes first), reading the
+        children's reports meanwhile if watched."""
+        if not self.watch:
             time.sleep(max(0.0, seconds))
             return
+        if self._lease_kill:
+            seconds = min(seconds, min(self._lease_kill.values()) - time.monotonic())
         fds = list(self._reports)
         if fds:
             ready, _, _ = select.select(fds, [], [], max(0.0, seconds))
@@ -238,7 +251,8 @@ class Supervisor:
         self._kill_overdue()
 
     def _read(self, fd: int) -> None:
-        """Take in what child's pipe ``fd`` holds: ``arm`` and ``disarm`` lines."""
+        """Take in what child's pipe ``fd`` holds: ``arm`` and ``disarm`` lines (its
+        deadlines), ``lease`` lines (when its leases could lapse: :mod:`.leasewatch`)."""
         pid = self._reports.get(fd)
         if pid is None:
             return
@@ -263,6 +277,9 @@ class Supervisor:
         for line in lines:
             try:
                 report = json.loads(line)
+                if report["op"] == "lease":
+                    self._lease(pid, report["kill_at"])
+                    continue
                 key = report["key"]
                 if report["op"] == "arm":
                     report["kill_at"] = time.monotonic() + float(report["kill_in"])
@@ -270,7 +287,7 @@ class Supervisor:
                 else:
                     armed.pop(key, None)
             except (ValueError, KeyError, TypeError):
-                logger.warning("unreadable deadline report pid=%s line=%r", pid, line[:200])
+                logger.warning("unreadable worker report pid=%s line=%r", pid, line[:200])
         if eof:
             os.close(fd)
             del self._reports[fd]
@@ -285,11 +302,40 @@ class Supervisor:
                 del self._reports[fd]
                 self._partial.pop(fd, None)
         self._armed.pop(pid, None)
+        self._lease_kill.pop(pid, None)
+
+    def _lease(self, pid: int, kill_at: float | None) -> None:
+        """Child ``pid`` holds rows whose leases could lapse soon after ``kill_at``
+        (monotonic, one clock for every process of the host), or none (``None``)."""
+        if kill_at is None or pid in self._killed:
+            self._lease_kill.pop(pid, None)
+        else:
+            self._lease_kill[pid] = float(kill_at)
 
     def _kill_overdue(self) -> None:
         """Kill each child running a body past its deadline and grace (SIGKILL: the body
-        ignores its cancellation flag); its rows are settled when it is reaped."""
+        ignores its cancellation flag), and each child whose leases could lapse before it
+        renews them (its heartbeat is silent: a body holding the GIL, a stopped process);
+        its rows are settled when it is reaped."""
         now = time.monotonic()
+        for pid, kill_at in list(self._lease_kill.items()):
+            if now < kill_at:
+                continue
+            del self._lease_kill[pid]
+            if pid not in self.children or pid in self._killed:
+                continue  # gone, or killed already
+            self._killed[pid] = []  # not a deadline: its rows are released as after a crash
+            logger.warning(
+                "worker process silent: its leases were not renewed in time (a body holding "
+                "the GIL, or the database away); killing it before they can lapse, so that "
+                "no task runs twice at once index=%s pid=%s",
+                self.children[pid][0],
+                pid,
+            )
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         for pid, armed in self._armed.items():
             late = [r for r in armed.values() if now >= r["kill_at"]]
             if not late or pid not in self.children or pid in self._killed:
@@ -399,7 +445,7 @@ def supervise(
         worker = Worker(
             replace(config_of(index), worker_id=child_id(index)),
             parent=sup.pid,
-            deadline_report=sup.report_fd,
+            report_fd=sup.report_fd,
         )
         return worker.run(lambda: announce(worker.describe() + f" process={index + 1}/{total}"))
 
@@ -414,8 +460,8 @@ def supervise(
                 logger.error(
                     "could not settle the rows of the replaced worker worker=%s error=%s",
                     worker_id,
-                    exc,
-                    exc_info=exc,
+                    " ".join(str(exc).split()) or repr(exc),
+                    exc_info=None if isinstance(exc, DatabaseError) else exc,
                 )
                 connections.close_all()
         result = release_worker(
@@ -467,7 +513,6 @@ def supervise(
             )
 
     databases = ",".join(c.using for c in plans)
-    watch = any(uses_deadlines(m) for c in plans for m in c.models)
-    sup = Supervisor(child, total, on_exit=exited, watch_deadlines=watch)
+    sup = Supervisor(child, total, on_exit=exited, watch=True)
     announce(f"taskclaim supervisor pid={sup.pid} processes={total} databases={databases}")
     return sup.run()

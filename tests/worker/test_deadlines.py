@@ -181,3 +181,92 @@ def test_a_body_ignoring_its_flag_without_processes_is_logged_and_never_rerun_ea
     assert "supervisor" not in w.stderr()
     assert w.stop() == 0
     assert rival.stop() == 0
+
+
+# -- a body that stalls its whole process (a C call holding the GIL) ---------------------
+STALL_LEASE = "4"  # seconds; the heartbeat every 0.5 s (FAST)
+
+
+def stalled(tmp_path, seconds: int) -> TimedTask:
+    """A row whose first body stalls its process ``seconds`` (GIL held), its retry quick;
+    each body takes the row's lockfile (an ``overlap`` trace: two bodies at once)."""
+    return TimedTask.objects.create(
+        payload={
+            "modes": ["stall", "quick"],
+            "seconds": seconds,
+            "lockfile": str(tmp_path / "row.lock"),
+        }
+    )
+
+
+def kinds(task) -> list[str]:
+    name = f"{type(task).__name__}:{task.pk}"
+    return list(Trace.objects.filter(task=name).order_by("at", "pk").values_list("kind", flat=True))
+
+
+def test_a_body_stalling_its_process_under_processes_is_killed_before_its_lease_lapses(
+    procs, tmp_path
+):
+    """ONE BODY AT A TIME under ``--processes``: the body holds the GIL 12 s, so its
+    process's heartbeat is silent and its 4 s lease would lapse; a rival worker reaps
+    every 0.5 s. The supervisor kills the child before the lease can lapse and only then
+    gives its row back: the retry never finds the first body alive (no ``overlap``), the
+    first body never reaches its end, the row is done by its second attempt."""
+    task = stalled(tmp_path, 12)
+    sup = start(procs, "deadlineapp.TimedTask", "--processes", "1", "--lease", STALL_LEASE)
+    wait_for(lambda: runs(task), timeout=60, what="the body to start")
+    rival = start(procs, "deadlineapp.TimedTask", "--lease", STALL_LEASE)
+    rival.wait_started()
+    try:
+        wait_for(lambda: done(TimedTask, [task.pk]), timeout=90, what="the retry to finish")
+    except AssertionError:
+        raise AssertionError(f"{kinds(task)}\n{sup.stderr()[-4000:]}") from None
+    task.refresh_from_db()
+    assert "overlap" not in kinds(task), kinds(task)
+    assert task.result == f"quick {task.pk}"
+    assert task.attempts == 2
+    first, second = runs(task)
+    assert [t.kind for t in first] == ["start"]  # killed while it stalled
+    assert [t.kind for t in second] == ["start", "end"]
+    assert second[0].pid != first[0].pid
+    assert_never_two_at_once(task)
+    assert sup.stderr_count("worker process silent", 1) == 1
+    assert sup.stderr_count("how=signal SIGKILL", 1) >= 1  # seen dead, then replaced
+    assert sup.alive()
+    assert sup.stop() == 0
+    assert rival.stop() == 0
+    assert "Traceback" not in sup.stderr()
+
+
+def test_a_body_stalling_its_process_without_processes_writes_nothing_over_the_new_holder(
+    procs, tmp_path
+):
+    """Threads only, what a worker gives up and what it keeps (docs/deadlines.md): the
+    body holds the GIL 12 s, the heartbeat of its process is silent, its 4 s lease lapses
+    and a rival worker runs the row beside it (an ``overlap``: said at start-up). The
+    first body's completion, once it returns, lands nowhere (fenced): the row stays done
+    by the rival's attempt, with the rival's result."""
+    task = stalled(tmp_path, 12)
+    w = start(procs, "deadlineapp.TimedTask", "--lease", STALL_LEASE)
+    wait_for(lambda: runs(task), timeout=60, what="the body to start")
+    assert "worker without --processes" in w.stderr()
+    rival = start(procs, "deadlineapp.TimedTask", "--lease", STALL_LEASE)
+    wait_for(lambda: done(TimedTask, [task.pk]), timeout=90, what="the rival's run to finish")
+    wait_for(lambda: "end" in [t.kind for t in runs(task)[0]], timeout=60,
+             what="the stalled body to return")  # fmt: skip
+    wait_for(
+        lambda: "its writes did not land" in w.stderr() or "nothing was written" in w.stderr(),
+        timeout=30,
+        what="the stalled body's completion to be refused",
+    )
+    task.refresh_from_db()
+    assert task.status == "done"
+    assert task.result == f"quick {task.pk}"  # not "stall": the late completion was fenced
+    assert task.attempts == 2
+    first, second = runs(task)
+    assert [t.kind for t in first] == ["start", "end"]
+    assert [t.kind for t in second] == ["overlap", "start", "end"]  # the promise given up
+    assert second[0].at < first[-1].at
+    assert w.stop() == 0
+    assert rival.stop() == 0
+    assert "Traceback" not in w.stderr()

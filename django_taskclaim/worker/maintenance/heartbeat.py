@@ -20,7 +20,10 @@ the same way, and an unstarted row is never started — before another worker co
 the row, not after. The thread also refreshes the registry. It never dies: an error is
 logged and the next beat comes sooner. After each beat it calls ``on_beat`` (the worker
 logs there each body still running past its deadline and grace: :mod:`..deadlines`;
-its lease was just renewed, so it is never run twice at once).
+its lease was just renewed, so it is never run twice at once). Under ``--processes`` it
+records each renewed lease's time and tells the supervisor the earliest after every
+loop (:mod:`..leasewatch`): a process whose heartbeat falls silent (a body holding the
+GIL) is killed by its supervisor before any of its leases can lapse.
 After each beat or registry touch it adds the finished attempts counted since to the
 per-minute history (:mod:`..history`: one upsert, after the leases are renewed).
 """
@@ -40,6 +43,7 @@ from django_taskclaim.config.options import get_options
 from django_taskclaim.model.queryset import ClaimQuerySet
 from django_taskclaim.settle.outcome import cancel_flag
 from django_taskclaim.telemetry import instruments
+from django_taskclaim.worker.leasewatch import LeaseReport, lease_until
 from django_taskclaim.worker.ledger import Ledger
 from django_taskclaim.worker.maintenance.registry import REGISTRY_INTERVAL, Registry
 from django_taskclaim.worker.service import Service
@@ -60,6 +64,7 @@ class Heartbeat(Service):
         halt: threading.Event | None = None,
         on_lost: Callable[[Any], None] | None = None,
         on_beat: Callable[[], None] | None = None,
+        lease_report: LeaseReport | None = None,
     ) -> None:
         super().__init__(
             "taskclaim-heartbeat",
@@ -77,6 +82,8 @@ class Heartbeat(Service):
         #: id(task) → (the task, monotonic time by which its lease surely still runs).
         self._until: dict[int, tuple[Any, float]] = {}
         self.telemetry = instruments()  # None without OpenTelemetry: nothing measured
+        #: Under ``--processes``: the lease times kept on the supervisor's pipe.
+        self.lease_report = lease_report
 
     def loop(self) -> None:
         """Beat every ``interval``, touch the registry in between; never dies: an error
@@ -109,6 +116,8 @@ class Heartbeat(Service):
                 next_touch = next_beat
             self.ledger.history.flush(self.using)  # the charts' counts; never raises
             self.stop_lapsing()
+            if self.lease_report is not None:  # after a beat, and while none can run
+                self.lease_report.refresh()
 
     def beat(self) -> None:
         """Renew every held lease (one transaction per model; rows locked by another
@@ -129,6 +138,8 @@ class Heartbeat(Service):
             for task, version in pairs:
                 if (task.pk, version) not in not_renewed:
                     self._until[id(task)] = (task, sent + lease)
+                    if self.lease_report is not None:
+                        lease_until(task, sent, lease)
             if busy:
                 logger.info(
                     "lease not renewed: row locked by another session tasks=%s worker=%s",

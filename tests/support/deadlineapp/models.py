@@ -7,7 +7,15 @@
 - ``"honour"``: works until its cancellation flag is set (at most 60 s), then returns a
   result (which a deadline turns into a ``TimeoutError`` failure anyway);
 - ``"ignore"``: works ``payload["seconds"]`` seconds whatever its flag says;
-- ``"slow"``: works ``payload["seconds"]`` seconds (a row without a deadline).
+- ``"slow"``: works ``payload["seconds"]`` seconds (a row without a deadline);
+- ``"stall"``: stalls its whole process ``payload["seconds"]`` seconds in a C call that
+  holds the GIL (no other thread of the process runs meanwhile: not the heartbeat),
+  then returns.
+
+A row whose ``payload["lockfile"]`` names a file is guarded by it: each body takes an
+exclusive ``flock`` on it as it starts and keeps it until it ends (the kernel drops it
+when the process dies). A body that finds it held by another body of the row — one
+still running, in a process still alive — writes an ``overlap`` trace.
 
 Every body writes ``Trace`` rows on the database clock: ``start``, a ``tick`` every
 0.2 s while it works, ``flag`` when it sees its flag, ``end``; each run is one claim
@@ -17,6 +25,8 @@ token (``token``).
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import fcntl
 import os
 import time
 
@@ -51,6 +61,31 @@ def trace(task, kind: str) -> None:
     )
 
 
+def stall(seconds: float) -> None:
+    """Sleep ``seconds`` in libc's ``sleep()`` called through ``PyDLL``, which keeps the
+    GIL: every thread of this process stops until it returns."""
+    libc = ctypes.PyDLL(None)
+    libc.sleep.argtypes = [ctypes.c_uint]
+    libc.sleep.restype = ctypes.c_uint
+    left = int(seconds)
+    while left:  # a signal cuts sleep() short: sleep the rest
+        left = libc.sleep(left)
+
+
+def guard(task) -> int | None:
+    """Take the row's lockfile (``payload["lockfile"]``) for this body; trace
+    ``overlap`` if another living body holds it. Returns the descriptor to close."""
+    path = (task.payload or {}).get("lockfile")
+    if not path:
+        return None
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        trace(task, "overlap")
+    return fd
+
+
 def mode_of(task) -> str:
     modes = (task.payload or {}).get("modes") or ["quick"]
     return modes[min(task.attempts, len(modes)) - 1]
@@ -70,10 +105,20 @@ class TimedTask(ClaimableModel):
         retry_jitter = 0
 
     def process(self, cancel) -> dict:
+        fd = guard(self)
+        try:
+            return self._run(cancel)
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def _run(self, cancel) -> dict:
         trace(self, "start")
         mode = mode_of(self)
         seconds = float((self.payload or {}).get("seconds", 60))
-        if mode in ("ignore", "slow"):
+        if mode == "stall":
+            stall(seconds)
+        elif mode in ("ignore", "slow"):
             ends = time.monotonic() + seconds
             seen = False
             while time.monotonic() < ends:
