@@ -10,6 +10,8 @@ Every body writes ``Trace`` rows on the database clock; each run is one claim to
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 from datetime import timedelta
 
 import pytest
@@ -236,6 +238,33 @@ def test_a_body_stalling_its_process_under_processes_is_killed_before_its_lease_
     assert sup.stop() == 0
     assert rival.stop() == 0
     assert "Traceback" not in sup.stderr()
+
+
+def test_a_stopped_child_under_processes_is_killed_before_its_lease_lapses(procs, tmp_path):
+    """The same with ``SIGSTOP``: the child running a body is stopped (every thread, the
+    heartbeat too); the supervisor kills it before its 4 s lease can lapse, and the row
+    runs again only once it is dead."""
+    task = TimedTask.objects.create(
+        payload={"modes": ["slow", "quick"], "seconds": 30, "lockfile": str(tmp_path / "row.lock")}
+    )
+    sup = start(procs, "deadlineapp.TimedTask", "--processes", "1", "--lease", STALL_LEASE)
+    first_pid = wait_for(lambda: runs(task) and runs(task)[0][0].pid, timeout=60,
+                         what="the body to start")  # fmt: skip
+    rival = start(procs, "deadlineapp.TimedTask", "--lease", STALL_LEASE)
+    rival.wait_started()
+    os.kill(first_pid, signal.SIGSTOP)
+    wait_for(lambda: done(TimedTask, [task.pk]), timeout=90, what="the retry to finish")
+    task.refresh_from_db()
+    assert "overlap" not in kinds(task), kinds(task)
+    assert task.attempts == 2
+    first, second = runs(task)
+    assert first[0].pid == first_pid
+    assert "end" not in [t.kind for t in first]  # killed while stopped
+    assert [t.kind for t in second] == ["start", "end"]
+    assert_never_two_at_once(task)
+    assert sup.stderr_count("worker process silent", 1) == 1
+    assert sup.stop() == 0
+    assert rival.stop() == 0
 
 
 def test_a_body_stalling_its_process_without_processes_writes_nothing_over_the_new_holder(
