@@ -72,7 +72,7 @@ def lease_ended(locked_until: datetime, now: datetime) -> bool:
 # -- waiting ----------------------------------------------------------------------------
 
 
-def ready_since(opts: ClaimOptions) -> models.Expression:
+def ready_since(opts: ClaimOptions) -> F | Greatest:
     """When a ``ready`` row became ready: the later of its ``created_at`` and its
     ``run_after`` (the time a retry, a requeue or the enqueuer set it to run from), so
     that a row retried after days waits from its retry, not from its creation. Needs

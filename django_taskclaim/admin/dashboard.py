@@ -68,7 +68,8 @@ def dashboard_context(request: HttpRequest, site: admin.AdminSite | None = None)
     (:func:`~django_taskclaim.ops.figures.model_stats` with ``fast``): "done, last N
     min" comes from the workers' per-minute history, and a large PostgreSQL table's
     finished states are the planner's estimates (``cell["estimated"]``, shown with
-    "≈"); ``ready`` / ``processing`` / expired are always exact (docs/admin.md).
+    "≈"), except a state an index of the model covers (the failed rows' partial index);
+    ``ready`` / ``processing`` / expired are always exact (docs/admin.md).
     """
     site = site or site_by_name(getattr(request, "current_app", None))
     visible = sorted(

@@ -87,6 +87,23 @@ def has_claim_index(model: Any, status_field: str) -> bool:
     return any(serves_claim(index, status_field) for index in model._meta.indexes)
 
 
+def serves_status(index: Any, status_field: str, value: Any) -> bool:
+    """Whether a declared index finds the rows of one status ``value`` without a scan of
+    the table: partial on exactly ``status_field = value`` (what docs/observability.md
+    suggests for the ``failed`` rows), or led by the status column."""
+    condition = getattr(index, "condition", None)
+    if condition is None:
+        return _field_names(index)[:1] == [status_field]
+    if getattr(condition, "negated", False) or getattr(condition, "connector", "AND") != "AND":
+        return False
+    return any(
+        isinstance(child, tuple)
+        and child[0] in (status_field, f"{status_field}__exact")
+        and str(child[1]) == str(value)
+        for child in getattr(condition, "children", ())
+    )
+
+
 def claim_columns_serve(columns: Sequence[str], status_column: str) -> bool:
     """Whether a database index over ``columns`` (in order), not the one the model
     declares, serves the claim query: one led by the status column."""

@@ -19,8 +19,9 @@ from django.db.models import Min
 
 from django_taskclaim.backends.history import history_sql
 from django_taskclaim.config.discovery import claimable_models
-from django_taskclaim.config.options import get_options
+from django_taskclaim.config.options import ClaimOptions, get_options
 from django_taskclaim.db import DbNow, db_now
+from django_taskclaim.model.indexes import serves_status
 from django_taskclaim.model.queryset import as_claim_queryset
 from django_taskclaim.model.status import STATE_NAMES
 from django_taskclaim.ops.history import done_in_windows, uses_history, whole_table
@@ -115,6 +116,21 @@ EXACT_UP_TO = 100_000
 INDEXED_STATES = ("ready", "processing")
 
 
+def _indexed_states(model: type[models.Model], opts: ClaimOptions) -> set[str]:
+    """The finished states an index of the model counts without a scan of the table
+    (a partial index over the ``failed`` rows, as docs/observability.md suggests, or an
+    index led by the status column): counted exactly on a large table too."""
+    field = opts.status_field
+    if getattr(model._meta.get_field(field), "db_index", False):
+        return {s for s, v in opts.statuses.items() if v is not None}
+    return {
+        state
+        for state, value in opts.statuses.items()
+        if value is not None
+        and any(serves_status(index, field, value) for index in model._meta.indexes)
+    }
+
+
 def _estimated_counts(model: type[models.Model], db: str) -> dict[str, int] | None:
     """Per-state counts of a large table: ``ready`` / ``processing`` exact (one indexed
     count each), the other states from the planner's statistics; ``None`` when the
@@ -130,11 +146,12 @@ def _estimated_counts(model: type[models.Model], db: str) -> dict[str, int] | No
     if estimate is None or estimate.rows <= EXACT_UP_TO:
         return None
     qs = model._base_manager.using(db)
+    exact = {*INDEXED_STATES, *_indexed_states(model, opts)}
     counts: dict[str, int] = {}
     for state, value in opts.statuses.items():
         if value is None:
             continue
-        if state in INDEXED_STATES:
+        if state in exact:
             counts[state] = qs.filter(opts.status_q(state)).count()
         else:
             share = estimate.fractions.get(str(value), estimate.rest)
@@ -161,7 +178,9 @@ def model_stats(
     (:func:`~django_taskclaim.ops.history.uses_history`; whole minutes, the current one
     included), and on a PostgreSQL table the planner estimates above
     :data:`EXACT_UP_TO` rows, ``done`` / ``failed`` / ``cancelled`` are the planner's
-    estimates (listed in ``estimated``) while ``ready`` and ``processing`` stay exact.
+    estimates (listed in ``estimated``) while ``ready`` and ``processing`` stay exact, as
+    does a finished state one of the model's ``Meta.indexes`` covers (a partial index over
+    the ``failed`` rows: :func:`~django_taskclaim.model.indexes.serves_status`).
     Without ``fast``, or over a filtered ``queryset``, every figure is exact.
     """
     opts = get_options(model)
@@ -172,7 +191,8 @@ def model_stats(
     whole = fast and whole_table(queryset)
     estimates = _estimated_counts(model, db) if whole else None
     counts = estimates if estimates is not None else qs.state_counts()
-    estimated = [s for s in estimates if s not in INDEXED_STATES] if estimates else []
+    exact = {*INDEXED_STATES, *_indexed_states(model, opts)} if estimates else set()
+    estimated = [s for s in estimates if s not in exact] if estimates else []
     expired = qs.expired().count()
     oldest: float | None = None
     if opts.has("created_at") and counts.get("ready"):

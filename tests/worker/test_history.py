@@ -9,7 +9,7 @@ import threading
 from datetime import UTC, timedelta
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, models
 from django.db.models import Sum
 from django.urls import reverse
 
@@ -256,3 +256,31 @@ def test_a_large_table_shows_estimates_for_finished_states(admin_client, setting
     assert stats.counts["done"] == pytest.approx(20, abs=2)
     assert figures.model_stats(Document).counts["done"] == 20  # without fast: exact
     assert history_sql(connection) is not None
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="planner estimates: PostgreSQL")
+@pytest.mark.django_db
+def test_a_large_table_counts_failed_rows_exactly_where_an_index_serves_them(
+    admin_client, monkeypatch
+):
+    """The dashboard's failed count matches the changelist's on a large table once the
+    model has the partial index over its failed rows that docs/observability.md
+    suggests: an exact count through that index, not the planner's estimate."""
+    from django_taskclaim.ops import figures
+
+    docs = Document.objects.bulk_create([Document(title=f"d{i}") for i in range(30)])
+    Document.objects.filter(pk__in=[d.pk for d in docs[:20]]).update(status="done")
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {Document._meta.db_table}")
+    # failed since the statistics were taken: their estimate says none
+    Document.objects.filter(pk__in=[d.pk for d in docs[20:24]]).update(status="failed")
+    index = models.Index(fields=["id"], condition=models.Q(status="failed"), name="doc_failed_t")
+    with connection.schema_editor() as editor:
+        editor.add_index(Document, index)
+    monkeypatch.setattr(Document._meta, "indexes", [*Document._meta.indexes, index])
+    monkeypatch.setattr(figures, "EXACT_UP_TO", 10)
+    rows = admin_client.get(reverse("admin:taskclaim_dashboard")).context["taskclaim_rows"]
+    cells = {c["state"]: c for c in {r["label"]: r for r in rows}["testapp.Document"]["cells"]}
+    assert (cells["failed"]["count"], cells["failed"]["estimated"]) == (4, False)
+    assert cells["done"]["estimated"]  # no index over the done rows: still estimated
+    assert (cells["ready"]["count"], cells["ready"]["estimated"]) == (6, False)
