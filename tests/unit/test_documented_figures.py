@@ -54,3 +54,15 @@ def test_the_duration_buckets_listed_are_the_codes():
     text = OBSERVABILITY.read_text()
     listed = " ".join(f"{b:g}" for b in DURATION_BUCKETS)
     assert f"```text\n{listed}\n```" in text
+
+
+def test_the_readme_install_lines_work_whatever_the_checkout_is_called():
+    """Each ``pip install -e`` line of the README, run from the checkout as the README
+    says, names this checkout: no line assumes the directory is called
+    ``django-taskclaim`` (a clone into ``taskclaim/`` or ``src/`` must work as written)."""
+    text = (ROOT / "README.md").read_text()
+    paths = re.findall(r'^pip install -e "([^"\[]+)\[', text, re.M)
+    assert paths, "the README shows no editable install"
+    for path in paths:
+        assert ((ROOT / path) / "pyproject.toml").is_file(), path
+        assert (ROOT / path).resolve() == ROOT, path
