@@ -25,8 +25,9 @@ URL_EXAMPLES = (
 
 
 def database_from_url(url: str) -> dict:
-    """``DATABASES["default"]`` from ``url``; a URL that names no database engine ends the
-    process with one line naming the fix (not a ``KeyError`` deep in the settings)."""
+    """``DATABASES["default"]`` from ``url``; a URL that names no database engine, or a
+    server URL that names no database, ends the process with one line naming the fix (not
+    a ``KeyError`` deep in the settings, nor a traceback when the first query connects)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # environ warns "Engine not recognized" first
@@ -36,10 +37,16 @@ def database_from_url(url: str) -> dict:
     else:
         reason = "no database scheme"
     engine = conf.get("ENGINE", "")
+    shown = re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)  # never echo a password
+    if "." in engine and not engine.endswith("sqlite3") and not conf.get("NAME"):
+        raise SystemExit(
+            f"example_project: DATABASE_URL={shown!r} (environment or example_project/.env) "
+            "names no database: put its name after the host and port, e.g. "
+            f"{shown.rstrip('/')}/taskclaim_demo"
+        )
     if "." not in engine:
         if engine:
             reason = f"unknown scheme {url.partition(':')[0]!r}"
-        shown = re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)  # never echo a password
         raise SystemExit(
             f"example_project: DATABASE_URL={shown!r} (environment or example_project/.env) "
             f"is not a database URL ({reason}): use e.g. {URL_EXAMPLES}; or unset it to use "

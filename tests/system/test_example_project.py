@@ -130,3 +130,28 @@ def test_demo_drains_every_document_and_a_second_run_reuses_everything(demo_env)
     assert sum(counts["docs"].values()) == 80
     assert set(counts["docs"]) <= {"done", "failed"}
     assert counts["batches"] == 2
+
+
+@pytest.mark.parametrize(
+    "url", ["postgres://postgres@127.0.0.1:5432", "mysql://root@127.0.0.1:3306/"]
+)
+def test_a_database_url_without_a_database_name_says_so_in_one_line(url):
+    """A server URL that names no database is refused by the example's settings in one
+    line naming the fix, not a traceback when the first query connects."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "PYTHONPATH")}
+    env["DATABASE_URL"] = url
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "example_project" / "manage.py"), "migrate"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "Traceback" not in out, out
+    (line,) = [ln for ln in out.splitlines() if ln.strip()]
+    assert line.startswith(f"example_project: DATABASE_URL={url!r} "), line
+    assert "names no database" in line
+    assert f"{url.rstrip('/')}/taskclaim_demo" in line
