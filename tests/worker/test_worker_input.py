@@ -114,6 +114,20 @@ def test_command_line_error_is_one_line_and_non_zero(docs, command, args):
     assert snapshot() == docs
 
 
+@pytest.mark.parametrize("command", ["worker", "taskclaim_worker"])
+def test_a_mistyped_option_names_the_one_it_meant(docs, command):
+    done = run_command(command, "--concurency", "3", "--poll=1")
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.endswith(
+        "error: unrecognized arguments: --concurency (did you mean --concurrency?)"
+    ), last
+    far = run_command(command, "--frobnicate")
+    assert far.stderr.strip().splitlines()[-1].endswith("unrecognized arguments: --frobnicate")
+    assert snapshot() == docs
+
+
 def test_model_without_processing_entry_point_is_a_startup_error(docs):
     w = WorkerProc("testapp.Document", claim_meta={"handler": "no_such_method"})
     try:

@@ -18,6 +18,7 @@ from django.db import DatabaseError
 
 from django_taskclaim.checks.core import TAG
 from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.management.suggest import suggest_options
 from django_taskclaim.management.verbosity import configure_logging
 from django_taskclaim.worker import EXIT_GRACE_EXPIRED, EXIT_OK, Worker
 from django_taskclaim.worker.fleet import plan
@@ -55,6 +56,11 @@ class Command(BaseCommand):
     # load the migration machinery and every configured database backend, which a
     # long-running worker would then carry for nothing (about 3 MB, and start-up time).
     requires_system_checks: list[str] = []
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        """Django's parser; a mistyped option names the closest one (``--concurency``:
+        did you mean ``--concurrency``?)."""
+        return suggest_options(super().create_parser(prog_name, subcommand, **kwargs))
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("models", nargs="*", metavar="app_label.Model")
