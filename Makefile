@@ -6,7 +6,7 @@ VENV ?= .venv
 # Where `make clean-db` looks for the example's embedded PostgreSQL (as scripts/demo.sh).
 EMBEDDED_PG_DIR ?= example_project/var/pg
 
-.PHONY: venv test test-fast lint demo serve bench bench-peers racelab clean-db dist check-fresh-states
+.PHONY: venv test test-fast lint demo serve bench bench-peers racelab clean-db dist check-fresh-states mutants
 
 venv:
 	@scripts/bootstrap.sh $(VENV) >/dev/null
@@ -52,3 +52,9 @@ dist: venv
 # Fresh-machine states of `make test` (see docs/testing.md); not part of `make test`.
 check-fresh-states:
 	@scripts/check-fresh-states.sh $(STATES)
+
+# Mutation testing of the safety core with mutmut (docs/testing.md, "Mutation testing");
+# not part of `make test`. FILES=django_taskclaim/rules.py limits it to those modules.
+mutants: venv
+	@$(VENV)/bin/pip install -q --group mutants
+	@VENV=$(VENV) scripts/mutants.sh $(FILES)

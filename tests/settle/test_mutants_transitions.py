@@ -1,0 +1,163 @@
+"""What the fenced transitions of ``django_taskclaim/settle/transitions.py`` leave on real
+rows, at the points the lifecycle and fence tests do not pin (docs/testing.md, "Mutation
+testing"): the lease renewal keeps the token, ``fail()``'s own fields and signal, a
+``fenced(complete=True)`` block writes exactly the fields it changed, a deferred
+completion written on its own.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db.models.functions import Now
+
+from django_taskclaim import ClaimLost
+from django_taskclaim.settle.batch import PENDING_ATTR
+from django_taskclaim.settle.transitions import complete_pending
+from django_taskclaim.signals import task_completed, task_failed
+from tests.support.testapp.models import Document
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def claimed(title: str = "t", **fields) -> Document:
+    Document.objects.create(title=title, **fields)
+    task = Document.objects.filter(title=title).claim_next(worker="w1")
+    assert task is not None
+    return task
+
+
+def row(task: Document) -> Document:
+    return Document._base_manager.annotate(db_now=Now()).get(pk=task.pk)
+
+
+def lease_left(task: Document) -> timedelta:
+    r = row(task)
+    return r.locked_until - r.db_now
+
+
+# -- extend_lease ------------------------------------------------------------------
+
+
+def test_extend_lease_keeps_the_token_so_every_instance_of_the_claim_still_writes():
+    task = claimed()
+    other = Document.objects.get(pk=task.pk)  # the same claim, held elsewhere in memory
+    task.extend_lease(600)
+    assert row(task).version == task.version == other.version
+    assert timedelta(seconds=590) < lease_left(task) <= timedelta(seconds=600)
+    other.complete(result="by the other instance")
+    assert (row(task).status, row(task).result) == ("done", "by the other instance")
+
+
+def test_extend_lease_without_seconds_takes_the_models_lease():
+    task = claimed()
+    task.extend_lease(600)
+    task.extend_lease()  # Document's ClaimMeta.lease = 30
+    assert timedelta(seconds=20) < lease_left(task) <= timedelta(seconds=30)
+
+
+# -- fail ------------------------------------------------------------------------------
+
+
+def test_fail_records_when_and_a_default_reason_and_refuses_bookkeeping_fields():
+    task = claimed()
+    with pytest.raises(ValueError):
+        task.fail("x", attempts=0)
+    assert row(task).status == "processing"
+    task.fail()
+    r = row(task)
+    assert (r.status, r.last_error, r.locked_until) == ("failed", "failed", None)
+    assert r.finished_at is not None
+
+
+def test_fail_sends_task_failed_with_the_task_its_error_and_final():
+    seen = []
+
+    def receiver(sender, task, error, final, **kw):
+        seen.append((sender, task.pk, error, final))
+
+    task = claimed()
+    task_failed.connect(receiver)
+    try:
+        task.fail("broken")
+    finally:
+        task_failed.disconnect(receiver)
+    assert seen == [(Document, task.pk, "broken", True)]
+
+
+# -- fenced(complete=True) -------------------------------------------------------------
+
+
+def test_a_completing_block_writes_the_fields_it_changed_and_only_those():
+    task = claimed(payload={"a": {"b": 1}})
+    # someone else edits a column the holder loaded but the block never touches
+    Document.objects.filter(pk=task.pk).update(title="edited meanwhile")
+    with task.fenced(complete=True):
+        task.result = "written"
+        task.payload["a"]["b"] = 2  # changed in place, deep inside a JSON value
+    r = row(task)
+    assert (r.status, r.result, r.payload) == ("done", "written", {"a": {"b": 2}})
+    assert r.title == "edited meanwhile"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("attempts", 0), ("locked_by", "me"), ("version", 99), ("id", 10**6)]
+)
+def test_a_completing_block_that_changes_bookkeeping_or_the_key_writes_nothing(field, value):
+    task = claimed()
+    before = row(task)
+
+    def block() -> None:
+        with task.fenced(complete=True):
+            task.result = "not written"
+            setattr(task, field, value)
+
+    with pytest.raises(ValueError, match=field if field != "id" else "primary key"):
+        block()
+    after = row(task)
+    assert (after.status, after.version, after.result) == ("processing", before.version, "")
+
+
+def test_a_completing_block_may_renew_the_lease_and_reload_the_row():
+    task = claimed()
+    with task.fenced(complete=True):
+        task.extend_lease(600)
+        task.refresh_from_db(fields=["attempts"])
+        task.result = "renewed"
+    assert (row(task).status, row(task).result) == ("done", "renewed")
+
+
+# -- complete_pending ------------------------------------------------------------------
+
+
+def test_a_deferred_completion_written_alone_carries_its_fields_and_calls_back():
+    task = claimed()
+    calls = []
+    task.__dict__[PENDING_ATTR] = ({"result": "deferred"}, lambda: calls.append(task.pk))
+    completed = []
+
+    def receiver(sender, task, **kw):
+        completed.append(task.pk)
+
+    task_completed.connect(receiver)
+    try:
+        complete_pending(task)
+    finally:
+        task_completed.disconnect(receiver)
+    assert (row(task).status, row(task).result) == ("done", "deferred")
+    assert calls == [task.pk]
+    assert completed == [task.pk]
+    assert PENDING_ATTR not in task.__dict__
+
+
+def test_a_deferred_completion_whose_claim_was_lost_writes_nothing_and_forgets_it():
+    task = claimed()
+    calls = []
+    task.__dict__[PENDING_ATTR] = ({"result": "late"}, lambda: calls.append(1))
+    Document.objects.filter(pk=task.pk).update(version=task.version + 1)
+    with pytest.raises(ClaimLost):
+        complete_pending(task)
+    assert (row(task).status, row(task).result) == ("processing", "")
+    assert calls == []
+    assert PENDING_ATTR not in task.__dict__
