@@ -333,3 +333,50 @@ def test_a_worker_whose_executors_keep_crashing_exits_5_and_gives_its_rows_back(
     assert len(worker.executors._crashes) >= MAX_CRASHES
     states = list(Document.objects.values_list("status", "attempts"))
     assert states == [("ready", 0)] * 3  # none lost, none charged
+
+
+def test_lease_report_tells_the_supervisor_the_earliest_kill_time_and_none_when_idle():
+    """What a ``--processes`` child writes on its supervisor's pipe (``worker.leasewatch``):
+    a claim counts as held from before it is sent; its rows keep that time; a claim that
+    found nothing, or rows that are gone, leave nothing to watch (``null``); a renewal
+    moves the time on."""
+    import json
+    import os
+
+    from django_taskclaim.worker.leasewatch import LeaseReport, kill_margin, lease_until
+
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+
+    def sent() -> list:
+        try:
+            data = os.read(read_end, 65536)
+        except BlockingIOError:
+            return []
+        return [json.loads(line)["kill_at"] for line in data.decode().splitlines()]
+
+    try:
+        ledger = Ledger(capacity=4, claim_size=4)
+        report = LeaseReport(write_end, ledger, worker_id="w")
+        key = report.claiming(100.0, 10.0)
+        assert sent() == [100.0 + 10.0 - kill_margin(10.0)] == [108.0]
+        report.claimed(key, rows=False)
+        assert sent() == [None]  # nothing held: nothing to watch
+        key = report.claiming(200.0, 10.0)
+        task = Document(pk=1, version=1)
+        lease_until(task, 200.0, 10.0)
+        assert ledger.add_claimed([task])
+        report.claimed(key, rows=True)
+        assert sent() == [208.0]  # the claim's time, kept by its row
+        report.refresh()
+        assert sent() == []  # unchanged: nothing written
+        lease_until(task, 203.0, 10.0)  # a renewal
+        report.refresh()
+        assert sent() == [211.0]
+        assert ledger.take_unstarted() == [task]
+        report.refresh()
+        assert sent() == [None]
+        assert (kill_margin(100.0), kill_margin(4.0)) == (2.0, 1.0)  # a quarter, at most 2 s
+    finally:
+        os.close(read_end)
+        os.close(write_end)
