@@ -175,6 +175,11 @@ class Demo:
             line += f"  waiting for {rows} {plural} due in {due:.1f} s"
         return line, c
 
+    def starting_text(self) -> str:
+        """What the progress line says until the first worker claims a row."""
+        n = self.o.workers
+        return f"starting {n} worker{'s' if n != 1 else ''} (loading Django, connecting)…"
+
     def new_batch(self) -> str:
         """A batch name no earlier run used (two runs within one second get a suffix)."""
         batch = timezone.now().strftime("run-%Y%m%d-%H%M%S")
@@ -205,6 +210,7 @@ class Demo:
         last_line = 0.0
         was_waiting = False
         starting: dict[str, int] | None = None  # the counts when a new round started
+        booting = True  # until the first round's workers claim a row
         code = 0
         try:
             while True:
@@ -213,7 +219,13 @@ class Demo:
                     starting = None  # the new round has claimed rows
                 if starting is not None and "waiting for" not in line:
                     line += f"  retries due: starting worker round {rounds}"
-                waiting = "waiting for" in line or "starting worker round" in line
+                if booting and any(c.get(s) for s in ("processing", "done", "failed", "cancelled")):
+                    booting = False
+                if booting:
+                    # each worker loads Python and Django and connects before its first
+                    # claim: seconds on a small machine, with nothing to show meanwhile
+                    line += f"  {self.starting_text()}"
+                waiting = "waiting for" in line or "starting worker round" in line or booting
                 if self.tty:
                     self.out.write("\r" + line + "\x1b[K")  # erase what a longer line left
                     self.out.flush()

@@ -116,5 +116,10 @@ def test_the_demo_ends_with_a_full_bar_when_every_attempt_fails(project_env):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     progress = [line for line in proc.stdout.splitlines() if line.startswith("[")]
     assert progress[-1].startswith("[" + "x" * 30 + "] 8/8  done 0  failed 8 "), progress
+    # Before the first claim (the worker still loads Django), the line says so instead
+    # of a silent "0/8  processing 0"; it stops saying it once rows are taken.
+    assert progress[0].startswith("[" + "." * 30 + "] 0/8 "), progress
+    assert progress[0].endswith("  starting 1 worker (loading Django, connecting)…"), progress
+    assert "starting 1 worker" not in progress[-1]
     assert "drained     yes" in proc.stdout
     assert "MariaDB" not in proc.stderr, proc.stderr
