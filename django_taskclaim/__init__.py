@@ -16,6 +16,7 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
+from django_taskclaim.deprecation import install as _install_moved_modules
 from django_taskclaim.exceptions import (
     ClaimInTransactionError,
     ClaimLost,
@@ -27,6 +28,8 @@ from django_taskclaim.exceptions import (
     StrategyNotSupportedError,
     TaskClaimError,
 )
+
+_install_moved_modules()  # the module paths earlier docs showed (deprecation.MOVED)
 
 _LAZY = {
     "ClaimableModel": "django_taskclaim.model.mixins",

@@ -3,20 +3,26 @@ warning — all of them in :data:`MOVED`, this one place.
 
 Until the restructuring the package was flat and the docs showed, for example,
 ``from django_taskclaim.notify import notify`` or ``django_taskclaim.archive.archive_finished()``.
-Each old module (``notify``, ``unique``, ``monitoring``, ``concurrency``, ``archive``,
-``doctor``, ``lifecycle``, ``notify_trigger``, ``options``) is a few lines that call
-:func:`moved_names`; a name that left a package that is still there
-(``django_taskclaim.worker.recover``) is resolved by that package's ``__getattr__`` the same
-way. The names the docs showed resolve with a ``DeprecationWarning`` naming the new import;
-any other name of an old module raises ``AttributeError`` saying where the module went.
-Nothing in the package imports the old modules; they are removed in 0.2.
+The old modules (``notify``, ``unique``, ``monitoring``, ``concurrency``, ``archive``,
+``doctor``, ``lifecycle``, ``notify_trigger``, ``options``) have no file any more: an import
+finder (:func:`install`, called when the package is imported) makes each one on its first
+import, a module whose ``__getattr__`` is :func:`moved_names`; a name that left a package
+that is still there (``django_taskclaim.worker.recover``) is resolved by that package's
+``__getattr__`` the same way. The names the docs showed resolve with a
+``DeprecationWarning`` naming the new import; any other name of an old module raises
+``AttributeError`` saying where the module went. Nothing in the package imports the old
+modules; they are removed in 0.2.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import import_module
+from types import ModuleType
 from typing import Any
 
 #: Old module → (where it went, {name the docs showed there → the module defining it now}).
@@ -104,3 +110,48 @@ def moved_names(old: str) -> Callable[[str], Any]:
         return getattr(import_module(module), name)
 
     return __getattr__
+
+
+class _CallableModule(ModuleType):
+    """An old module named like the function it held (``django_taskclaim.notify``):
+    importing it makes it the package's attribute of that name (the import system does),
+    hiding the function ``from django_taskclaim import notify`` gives, so calling the
+    module calls the function and that import keeps working."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        short = self.__name__.rpartition(".")[2]
+        return getattr(import_module(MOVED[self.__name__][1][short]), short)(*args, **kwargs)
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds the old modules of :data:`MOVED` (those with no package left in their place)
+    once the ordinary finders found no file, and makes each a module of deprecated names."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        moved = MOVED.get(fullname)
+        if moved is None or not moved[0]:  # not an old module, or a package still there
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        short = spec.name.rpartition(".")[2]
+        if short in MOVED[spec.name][1]:
+            return _CallableModule(spec.name)
+        return None  # the default module object
+
+    def exec_module(self, module: ModuleType) -> None:
+        new_home = MOVED[module.__name__][0]
+        module.__doc__ = f"Deprecated (removed in 0.2): moved to {new_home}."
+        module.__getattr__ = moved_names(module.__name__)  # type: ignore[method-assign]
+
+
+_FINDER = _MovedModules()
+
+
+def install() -> None:
+    """Make the old module paths of :data:`MOVED` importable (idempotent). The finder goes
+    last, so a real module of the same name would always win over it."""
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.append(_FINDER)

@@ -96,16 +96,6 @@ LAYERS: list[tuple[str, ...]] = [
         "django_taskclaim.contrib",
         "django_taskclaim.templatetags",
         "django_taskclaim.embedded",
-        # the module paths that moved, kept until 0.2 (nothing imports them)
-        "django_taskclaim.notify",
-        "django_taskclaim.unique",
-        "django_taskclaim.monitoring",
-        "django_taskclaim.concurrency",
-        "django_taskclaim.archive",
-        "django_taskclaim.doctor",
-        "django_taskclaim.lifecycle",
-        "django_taskclaim.notify_trigger",
-        "django_taskclaim.options",
     ),
 ]
 LEVEL = {prefix: i for i, group in enumerate(LAYERS) for prefix in group}
