@@ -25,14 +25,12 @@ from django_taskclaim.model.status import TERMINAL_STATES
 
 @dataclass(frozen=True)
 class Finished:
-    """The finished rows one pass takes: ``cond`` on the model's table in database
-    ``db``, ``batch_size`` rows per statement, older than ``older_than``."""
+    """The finished rows one pass takes: ``cond`` (the states and the age) on the model's
+    table in database ``db``, ``batch_size`` rows per statement."""
 
-    opts: ClaimOptions
     cond: Q
     batch_size: int
     db: str
-    older_than: timedelta
 
 
 def older_than_age(older_than: Any) -> timedelta:
@@ -73,7 +71,7 @@ def finished_rows(
     size = bounds.number(batch_size, "batch_size", bounds.BATCH_SIZE)
     db = using or router.db_for_write(model)
     cond = opts.status_q(*mapped) & Q(finished_at__lt=DbNow() - older_than)
-    return Finished(opts, cond, size, db, older_than)
+    return Finished(cond, size, db)
 
 
 __all__ = ["Finished", "finished_rows", "older_than_age"]
