@@ -165,6 +165,7 @@ def model_stats(
     using: str | None = None,
     queryset: Any = None,
     fast: bool = False,
+    throughput: bool = True,
 ) -> ModelStats:
     """Figures of one claimable model (or of ``queryset`` restricted to it).
 
@@ -182,6 +183,10 @@ def model_stats(
     does a finished state one of the model's ``Meta.indexes`` covers (a partial index over
     the ``failed`` rows: :func:`~django_taskclaim.model.indexes.serves_status`).
     Without ``fast``, or over a filtered ``queryset``, every figure is exact.
+
+    ``throughput=False`` leaves out the done-recently windows (``done_last`` empty), for a
+    page that shows none (the changelist's summary): over the rows, each is a count of
+    the finished rows.
     """
     opts = get_options(model)
     db = using or router.db_for_read(model)
@@ -201,10 +206,10 @@ def model_stats(
             oldest = max(0.0, (db_now(db) - first).total_seconds())
     done_last: dict[int, int | None] = {}
     done_source = "rows"
-    if whole and uses_history(model, using=db):
+    if throughput and whole and uses_history(model, using=db):
         done_source = "history"
         done_last.update(done_in_windows(opts.label, THROUGHPUT_WINDOWS, db_now(db), using=db))
-    for minutes in THROUGHPUT_WINDOWS if done_source == "rows" else ():
+    for minutes in THROUGHPUT_WINDOWS if throughput and done_source == "rows" else ():
         if opts.has("finished_at"):
             done_last[minutes] = qs.filter(
                 opts.status_q("done"), finished_at__gte=DbNow() - timedelta(minutes=minutes)
