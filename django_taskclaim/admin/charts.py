@@ -229,13 +229,15 @@ def model_charts(
     split = has_queues(model)
     ready: dict[str | None, int] = defaultdict(int)
     if opts.statuses.get("ready") is not None:
-        fields = [QUEUE_FIELD] if split else []
-        for row in (
-            qs.filter(opts.status_q("ready")).order_by().values(*fields).annotate(n=Count("pk"))
-        ):
-            ready[None] += row["n"]
-            if split:
+        waiting = qs.filter(opts.status_q("ready")).order_by()
+        if split:
+            for row in waiting.values(QUEUE_FIELD).annotate(n=Count("pk")):
+                ready[None] += row["n"]
                 ready[_series(row[QUEUE_FIELD])] += row["n"]
+        else:
+            # one count: values() with no field would group by every column, a row back
+            # per ready row
+            ready[None] = waiting.count()
     now = db_now(db)
     result.now = now
     current = _utc_minute(now)

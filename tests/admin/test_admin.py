@@ -747,6 +747,14 @@ def test_the_changelist_counts_no_done_in_the_last_minutes_it_does_not_show(admi
     ]
     assert on_finished == []
     assert summary["stats"].done_last == {}
+    # the charts' ready depth is one count, not a row back per ready row
+    per_row = [
+        q["sql"]
+        for q in queries.captured_queries
+        if f'GROUP BY "{Document._meta.db_table}"."id"' in q["sql"]
+    ]
+    assert per_row == []
+    assert resp.context["taskclaim_charts"][0].series[0].ready_now == 2
     # the dashboard still has them
     rows = admin_client.get(reverse("admin:taskclaim_dashboard")).context["taskclaim_rows"]
     (row,) = [r for r in rows if r["label"] == "testapp.Document"]
