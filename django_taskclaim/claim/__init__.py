@@ -115,13 +115,18 @@ def claim_rows(
             "task.fenced() for transactional work on the claimed row."
         )
     cache_key = scope.plain_key(queryset, strat.name)
-    narrowed = scope.unpaused(queryset, cache_key)
-    if narrowed is None:  # the whole model is paused: nothing to claim, no SQL sent
-        return []
-    request = ClaimRequest(narrowed[0], n, opts, lease_s, worker, narrowed[1])
+    exact = scope.pauses_read_in_claim(using)
+
+    def claim() -> list[Any]:
+        narrowed = scope.unpaused(queryset, cache_key, exact=exact)
+        if narrowed is None:  # the whole model is paused: nothing to claim
+            return []
+        request = ClaimRequest(narrowed[0], n, opts, lease_s, worker, narrowed[1])
+        return scope.within_rate_limits(strat, request)
+
     try:
         rows = retry_transient(
-            lambda: scope.within_rate_limits(strat, request),
+            scope.in_claim_transaction(claim, using) if exact else claim,
             using,
             what=f"claim {opts.label}",
         )

@@ -59,11 +59,13 @@ class CompareAndSet(Strategy):
         in ``RETURNING``; the read tells which rows were recovered). With
         ``transaction_mode = "IMMEDIATE"`` the transaction holds the write lock from its
         start; otherwise a writer that committed in between makes SQLite refuse the
-        write ("database is locked", retried) rather than use stale data.
+        write ("database is locked", retried) rather than use stale data. Inside the
+        claim's transaction (:func:`~.scope.in_claim_transaction`, which has read the
+        pause table) it adds no savepoint: an error rolls the whole claim back.
         """
         qs, n, opts, lease, worker = r.qs, r.n, r.opts, r.lease, r.worker
         base = qs.model._base_manager.using(qs.db)
-        with transaction.atomic(using=qs.db):
+        with transaction.atomic(using=qs.db, savepoint=False):
             picked = list(candidates(qs, opts, n))
             if not picked:
                 return []

@@ -13,7 +13,9 @@ pause's commit excludes the paused rows (the claim statement itself then reaches
 database one round trip later). A pause or resume made by this process drops the
 snapshot at once (:func:`invalidate`), and so does the worker's ``LISTEN`` thread on a
 pause notification (:data:`NOTICE_PREFIX`), so on PostgreSQL the fleet usually sees it
-within milliseconds.
+within milliseconds. On SQLite the claims do not use the snapshot: they read the table
+inside their own write transaction (``paused_queues(exact=True)``, see
+:func:`~.scope.pauses_read_in_claim`), which makes the bound exact there.
 
 The statement is the backends' (:meth:`~django_taskclaim.backends.base.DatabaseSQL.paused_queues`);
 the pause API that writes the table is :mod:`django_taskclaim.flow.pause`, above.
@@ -134,9 +136,13 @@ def snapshot(using: str, max_age: float | None = None) -> dict[str, frozenset[st
     return found.by_model
 
 
-def paused_queues(label: str, using: str) -> frozenset[str]:
+def paused_queues(label: str, using: str, *, exact: bool = False) -> frozenset[str]:
     """The paused queues of the model ``label`` on ``using`` (``""`` among them: the
-    whole model is paused), from a snapshot at most ``TASKCLAIM_POLL_INTERVAL`` old."""
+    whole model is paused), from a snapshot at most ``TASKCLAIM_POLL_INTERVAL`` old;
+    with ``exact``, from the table read now (in the caller's transaction, if any; the
+    snapshot is left as it is)."""
+    if exact:
+        return _read(using).by_model.get(label, _NONE)
     return snapshot(using).get(label, _NONE)
 
 

@@ -9,8 +9,12 @@ Paused queues are left out by :func:`unpaused` (docs/pause.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from django.db import transaction
+
+from django_taskclaim.backends import for_alias
 from django_taskclaim.capped import CappedCache
 from django_taskclaim.claim.paused import paused_queues
 from django_taskclaim.claim.rate import claim_limited
@@ -59,19 +63,47 @@ def has_queues(model: Any) -> bool:
     return any(f.name == QUEUE_FIELD for f in model._meta.concrete_fields)
 
 
-def unpaused(qs: Any, cache_key: tuple[Any, ...] | None) -> tuple[Any, Any] | None:
+def pauses_read_in_claim(using: str) -> bool:
+    """Whether claims on ``using`` read the pause table inside their own transaction
+    (:func:`in_claim_transaction`, ``unpaused(exact=True)``) instead of this process's
+    snapshot: where one writer at a time holds the database (SQLite), the claim's
+    transaction holds the write lock when it writes, so that read is exact and costs no
+    round trip (the database is in the process)."""
+    return bool(for_alias(using).one_writer_at_a_time)
+
+
+def in_claim_transaction(claim: Callable[[], list[Any]], using: str) -> Callable[[], list[Any]]:
+    """``claim`` run in one transaction on ``using``: the read of the pause table and the
+    claim itself (the compare-and-set claim's transaction joins it without a savepoint;
+    the keyed claim's is a savepoint of it). On SQLite that
+    transaction starts ``IMMEDIATE`` (the write lock first) where the settings say so;
+    otherwise a writer that committed after the read makes the claim's write fail as
+    busy (retried): either way no pause committed before the claim wrote is missed."""
+
+    def run() -> list[Any]:
+        with transaction.atomic(using=using):
+            return claim()
+
+    return run
+
+
+def unpaused(
+    qs: Any, cache_key: tuple[Any, ...] | None, *, exact: bool = False
+) -> tuple[Any, Any] | None:
     """:func:`claimable` without the paused queues of ``qs.model`` on ``qs.db``, with the
     cache key of that narrower set; ``None`` when the whole model is paused (the claim
-    returns nothing and sends no SQL).
+    returns nothing).
 
     Paused queues come from this process's snapshot of the pause table
-    (:func:`~.paused.paused_queues`, at most one poll interval old): while nothing of the
-    model is paused the claim is exactly :func:`claimable`, same SQL, same cache key;
-    otherwise it excludes ``queue_name IN (paused…)`` and is compiled (once per set of
-    paused queues) under its own key. A pause of a queue of a model without queues
-    (written by hand) is ignored."""
+    (:func:`~.paused.paused_queues`, at most one poll interval old), or with ``exact``
+    from the table itself, read now (inside the claim's transaction: see
+    :func:`pauses_read_in_claim`): while nothing of the model is paused the claim is
+    exactly :func:`claimable`, same SQL, same cache key; otherwise it excludes
+    ``queue_name IN (paused…)`` and is compiled (once per set of paused queues) under
+    its own key. A pause of a queue of a model without queues (written by hand) is
+    ignored."""
     model = qs.model._meta.concrete_model
-    queues = paused_queues(model._meta.label, qs.db)
+    queues = paused_queues(model._meta.label, qs.db, exact=exact)
     if not queues:
         return claimable(qs, cache_key), cache_key
     if "" in queues:

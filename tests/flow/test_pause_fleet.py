@@ -16,6 +16,7 @@ import pytest
 
 from django_taskclaim import pause, resume
 from django_taskclaim.db import db_now
+from django_taskclaim.models import QueuePause
 from tests.support.flowapp.models import Errand, ErrandRun
 from tests.support.helpers import wait_for
 from tests.support.worker_procs import WorkerProc, stop_all
@@ -97,3 +98,40 @@ def test_a_fleet_stops_claiming_a_paused_queue_within_one_poll_and_drains_after_
     for p in procs:
         assert p.stop(timeout=60) == 0, p.stderr()[-2000:]
         assert "Traceback" not in p.stderr()
+
+
+def test_on_sqlite_no_claim_made_after_the_pause_committed_takes_a_paused_row(procs):
+    """SQLite under write contention (4 workers x 3 threads, short bodies, each writing
+    its runs): a claim's statement that ran after the pause committed never took a row
+    of the paused queue. Each claim reads the pause table inside its own write
+    transaction there, so the bound is exact: not one poll interval, not the time a
+    claim decided earlier waited for SQLite's write lock."""
+    from django.db import connection
+
+    if connection.vendor != "sqlite":
+        pytest.skip("the exact pause bound is SQLite's (one writer at a time)")
+    Errand.objects.bulk_create(
+        [Errand(queue_name="a") for _ in range(2000)] + [Errand(queue_name="b") for _ in range(200)]
+    )
+    for _ in range(4):
+        procs.append(WorkerProc("flowapp.Errand", "--concurrency", "3", "--poll", "1"))
+    for p in procs:
+        p.wait_started(timeout=60)
+    wait_for(lambda: runs("a") >= 50, timeout=60, what="the fleet draining queue a")
+
+    pause(Errand, "a", by="sqlite test")
+    paused_at = QueuePause.objects.get(model=Errand._meta.label, queue="a").paused_at
+    wait_for(
+        lambda: not Errand.objects.filter(queue_name="a", status="processing").exists(),
+        timeout=60,
+        what="the claims of queue a run before the pause to finish",
+    )
+    waiting = Errand.objects.filter(queue_name="a", status="ready").count()
+    assert waiting > 0, "the pause came too late to leave a backlog"
+    claimed_at = [
+        r - LEASE
+        for r in ErrandRun.objects.filter(queue="a").values_list("claimed_until", flat=True)
+    ]
+    late = sorted((t - paused_at).total_seconds() for t in claimed_at if t > paused_at)
+    assert late == [], f"{len(late)} claims of the paused queue after its commit, by (s): {late}"
+    assert all(p.alive() for p in procs)
