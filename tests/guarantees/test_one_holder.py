@@ -18,7 +18,7 @@ from tests.support.helpers import PYTHON, ROOT, child_env
 from tests.support.testapp.models import Document, Job
 
 PROCESSES = 8
-ROWS = 5000
+ROWS = 2000  # 8 claimers × batches of up to 10: 25+ claims each, all overlapping
 
 
 def _strategies() -> list[str]:
