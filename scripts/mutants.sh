@@ -12,11 +12,15 @@
 # which function, then runs only those tests against each mutant.
 #
 # Exit code: 0 when every module reaches MUTANTS_MIN_KILLED percent of its mutants killed
-# (default 90), counting the mutants listed as equivalent in scripts/mutants-equivalent.txt
-# as killed; 1 otherwise. Survivors are printed with their diff (`mutmut show`).
+# (default 90), counting as killed the mutants that docs/testing.md lists as equivalent (a
+# table row "| `<mutant name>` | <why> |" of its "Mutation testing" section); 1 otherwise.
+# The other survivors are printed with their diff (`mutmut show`). mutmut numbers a
+# function's mutants in order, so an edit to a function can renumber its listed ones.
 #
 # Variables: VENV (default .venv), MUTANTS_MIN_KILLED (default 90), MUTANTS_KEEP=1 keeps
-# var/mutants/<module>/ for `cd var/mutants/<module> && ../../../.venv/bin/mutmut browse`.
+# var/mutants/<module>/ for `cd var/mutants/<module> && ../../../.venv/bin/mutmut browse`,
+# MUTANTS_DB (default sqlite; postgres or mariadb reach the branches SQLite does not take),
+# MUTANTS_BEFORE=1 leaves out the tests/*/test_mutants_*.py files (the figures before them).
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -24,7 +28,7 @@ ROOT=$PWD
 VENV=${VENV:-.venv}
 PY=$ROOT/$VENV/bin/python
 MIN_KILLED=${MUTANTS_MIN_KILLED:-90}
-EQUIVALENT=$ROOT/scripts/mutants-equivalent.txt
+EQUIVALENT=$ROOT/docs/testing.md
 
 # module → the test files that kill its mutants (seconds each on SQLite).
 declare -A TESTS=(
@@ -78,11 +82,15 @@ for m in "${modules[@]}"; do
   work=$ROOT/var/mutants/$name
   rm -rf "$work"
   mkdir -p "$work"
+  tests=${TESTS[$m]}
+  if [[ ${MUTANTS_BEFORE:-} == 1 ]]; then
+    tests=$(tr ' ' '\n' <<<"$tests" | grep -v '/test_mutants_' | tr '\n' ' ')
+  fi
   # The tree mutmut copies: the package, the tests, and pyproject.toml with this module's
   # [tool.mutmut] (the repository's section, only_mutate and the test list replaced).
   tar -C "$ROOT" --exclude=__pycache__ --exclude='*.pyc' -cf - django_taskclaim tests \
     | tar -C "$work" -xf -
-  "$PY" - "$ROOT/pyproject.toml" "$work/pyproject.toml" "$m" ${TESTS[$m]} <<'EOF'
+  "$PY" - "$ROOT/pyproject.toml" "$work/pyproject.toml" "$m" $tests <<'EOF'
 import os
 import re
 import sys
@@ -106,11 +114,11 @@ for key, value in conf.items():
     lines.append(f"{key} = {value}")
 open(dst, "w", encoding="utf-8").write(text.rstrip() + "\n" + "\n".join(lines) + "\n")
 EOF
-  echo "== $m against ${TESTS[$m]}"
+  echo "== $m against $tests (${MUTANTS_DB:-sqlite})"
   start=$SECONDS
   (
     cd "$work" &&
-      TASKCLAIM_TEST_DB=sqlite TASKCLAIM_TEST_SUFFIX=mut_$name \
+      TASKCLAIM_TEST_DB=${MUTANTS_DB:-sqlite} TASKCLAIM_TEST_SUFFIX=mut_$name \
         "$ROOT/$VENV/bin/mutmut" run --max-children 1 >"$work/run.log" 2>&1
   )
   rc=$?
@@ -122,8 +130,10 @@ EOF
     summary+=("$m: mutmut failed after ${took} s")
     continue
   fi
-  # One line per mutant that was not killed: "    <name>: <status>".
-  (cd "$work" && "$ROOT/$VENV/bin/mutmut" results >"$work/results.txt" 2>&1)
+  # One line per mutant that was not killed: "    <name>: <status>". A mutant that ran
+  # past its time limit ("timeout": a loop that never ends) was caught, and counts as killed.
+  (cd "$work" && "$ROOT/$VENV/bin/mutmut" results) 2>&1 | grep -E '^\s+\S+: ' \
+    | grep -v ': timeout$' >"$work/results.txt"
   total=$("$PY" -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["exit_code_by_key"]))' \
     "$work/mutants/${m}.meta")
   survivors=()
@@ -131,13 +141,13 @@ EOF
   while read -r key st; do
     key=${key%:}
     [[ -z $key ]] && continue
-    if grep -qE "^${key//./\\.}( |$)" "$EQUIVALENT" 2>/dev/null; then
+    if grep -qF "| \`$key\` |" "$EQUIVALENT"; then
       equivalent=$((equivalent + 1))
     else
       survivors+=("$key ($st)")
     fi
-  done < <(grep -E '^\s+\S+: ' "$work/results.txt")
-  not_killed=$(grep -cE '^\s+\S+: ' "$work/results.txt")
+  done <"$work/results.txt"
+  not_killed=$(grep -c '' "$work/results.txt")
   killed=$((total - not_killed))
   pct=$(((killed + equivalent) * 100 / (total > 0 ? total : 1)))
   line="$m: $total mutants, $killed killed, $equivalent equivalent, ${#survivors[@]} surviving (${pct} %) in ${took} s"

@@ -161,3 +161,134 @@ def test_a_deferred_completion_whose_claim_was_lost_writes_nothing_and_forgets_i
     assert (row(task).status, row(task).result) == ("processing", "")
     assert calls == []
     assert PENDING_ATTR not in task.__dict__
+
+
+def test_complete_sends_task_completed_with_the_model_and_the_task():
+    seen = []
+
+    def receiver(sender, task, **kw):
+        seen.append((sender, task.pk, task.status))
+
+    task = claimed()
+    task_completed.connect(receiver)
+    try:
+        task.complete()
+    finally:
+        task_completed.disconnect(receiver)
+    assert seen == [(Document, task.pk, "done")]
+
+
+# -- a lost claim: what the holder is told -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("write", "what", "logged"),
+    [
+        (lambda t: t.complete(), "the done write", "write=done"),
+        (lambda t: t.extend_lease(60), "the lease write", "write=extend_lease"),
+    ],
+)
+def test_a_lost_write_names_the_row_the_token_and_the_write(write, what, logged, caplog):
+    task = claimed()
+    token = task.version
+    Document.objects.filter(pk=task.pk).update(version=token + 1)
+    with (
+        caplog.at_level("WARNING", logger="django_taskclaim.settle.outcome"),
+        pytest.raises(ClaimLost) as lost,
+    ):
+        write(task)
+    message = str(lost.value)
+    assert lost.value.task is task
+    assert message.startswith(f"testapp.Document pk={task.pk}: claim token {token} is no longer")
+    assert message.endswith(f"{what} affected nothing")
+    assert caplog.messages == [
+        f"claim lost model=testapp.Document pk={task.pk} token={token} {logged}: "
+        "nothing was written"
+    ]
+
+
+def test_a_fenced_block_on_a_lost_claim_does_not_run_and_says_why():
+    task = claimed()
+    Document.objects.filter(pk=task.pk).update(version=task.version + 1)
+    ran = []
+    with pytest.raises(ClaimLost) as lost, task.fenced():
+        ran.append(1)
+    assert ran == []
+    assert lost.value.task is task
+    assert str(lost.value) == (
+        f"testapp.Document pk={task.pk}: claim token {task.version} is no longer current; "
+        "the fenced block did not run"
+    )
+
+
+def test_a_fenced_block_leaves_the_lease_and_the_token_as_they_were():
+    task = claimed()
+    before = row(task)
+    with task.fenced():
+        Document.objects.filter(pk=task.pk).update(title="effect")
+    after = row(task)
+    assert (after.locked_until, after.version, after.title) == (
+        before.locked_until,
+        before.version,
+        "effect",
+    )
+    assert after.locked_until is not None
+
+
+# -- retry ---------------------------------------------------------------------------
+
+
+def test_retry_without_an_error_keeps_the_last_error_and_refuses_bad_input():
+    task = claimed()
+    Document.objects.filter(pk=task.pk).update(last_error="earlier")
+    with pytest.raises(ValueError):
+        task.retry(attempts=0)
+    with pytest.raises(ValueError, match="retry delay"):
+        task.retry(delay=-1)
+    assert row(task).status == "processing"
+    task.retry(delay=5)
+    r = row(task)
+    assert (r.status, r.last_error) == ("ready", "earlier")
+
+
+@pytest.mark.parametrize(("delay", "later"), [(0, False), (0.5, True), (7, True)])
+def test_retry_sets_run_after_only_for_a_wait(delay, later):
+    task = claimed()
+    task.retry(delay=delay)
+    r = row(task)
+    assert (r.run_after is not None) is later
+    if later:
+        assert r.run_after - r.db_now <= timedelta(seconds=delay)
+        assert r.run_after - r.db_now > timedelta(seconds=delay) - timedelta(seconds=5)
+    assert task._taskclaim_retry_in == delay
+
+
+def test_retry_signals_a_retry_and_a_final_failure_with_the_error():
+    seen = []
+
+    def receiver(sender, task, error, final, **kw):
+        seen.append((sender, task.pk, error, final))
+
+    again = claimed("again")
+    spent = claimed("spent")
+    Document.objects.filter(pk=spent.pk).update(attempts=5)
+    spent.attempts = 5
+    task_failed.connect(receiver)
+    try:
+        again.retry(error="e1")
+        spent.retry(error="e2")
+    finally:
+        task_failed.disconnect(receiver)
+    assert seen == [(Document, again.pk, "e1", False), (Document, spent.pk, "e2", True)]
+
+
+@pytest.mark.parametrize(("error", "suffix"), [("", ""), ("boom", "\nboom")])
+def test_a_retry_past_the_last_attempt_fails_and_says_so(error, suffix):
+    task = claimed()
+    Document.objects.filter(pk=task.pk).update(attempts=5)
+    task.attempts = 5
+    assert task.retry(error=error) == "failed"
+    r = row(task)
+    assert (r.status, r.locked_until) == ("failed", None)
+    assert r.finished_at is not None
+    assert r.last_error == f"gave up after 5 attempt(s) (max_attempts=5){suffix}"
