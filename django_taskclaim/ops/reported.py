@@ -1,6 +1,7 @@
 """Which claimable models the operator's overviews list (the admin dashboard, the admin
-index, ``manage.py taskclaim_stats``): every claimable model, except the app's own
-``PeriodicRun`` in a project that does not use ``@periodic``.
+index, ``manage.py taskclaim_stats``, the metrics, the doctor) and a worker serves by
+default: every claimable model, except the app's own ``PeriodicRun`` in a project that
+does not use ``@periodic``.
 
 Neighbours: :mod:`django_taskclaim.ops.figures` computes the figures of the models listed
 here; :mod:`django_taskclaim.periodic.registry` knows the schedules.
@@ -9,14 +10,15 @@ here; :mod:`django_taskclaim.periodic.registry` knows the schedules.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
-from django.db import models, router
+from django.db import DatabaseError, models, router
 
 from django_taskclaim.config.discovery import claimable_models
 from django_taskclaim.models import PeriodicRun, PeriodicSlot
 from django_taskclaim.periodic.registry import PERIODIC_RUN, discover, schedules
 
-__all__ = ["periodic_in_use", "periodic_runs_in_use", "reported_models"]
+__all__ = ["periodic_in_use", "periodic_runs_in_use", "reported_models", "without_unused"]
 
 logger = logging.getLogger("django_taskclaim.ops.reported")
 
@@ -54,8 +56,22 @@ def periodic_in_use(using: str | None = None) -> bool:
 def reported_models(using: str | None = None) -> list[type[models.Model]]:
     """The claimable models an overview lists by default: all of them, without
     ``PeriodicRun`` unless :func:`periodic_runs_in_use`. A model named explicitly is
-    always reported; this is only the default list."""
-    found = list(claimable_models())
-    if PeriodicRun in found and not periodic_runs_in_use(using):
-        found.remove(PeriodicRun)
+    always reported; this is only the default list. A database that cannot be asked
+    (down, not migrated) lists it: nothing is left out on a guess."""
+    return without_unused(claimable_models(), using)
+
+
+def without_unused(
+    candidates: Iterable[type[models.Model]], using: str | None = None
+) -> list[type[models.Model]]:
+    """``candidates`` without ``PeriodicRun`` unless :func:`periodic_runs_in_use` (the
+    rule of :func:`reported_models`, over a list of models chosen otherwise)."""
+    found = list(candidates)
+    if PeriodicRun in found:
+        try:
+            in_use = periodic_runs_in_use(using)
+        except DatabaseError:
+            in_use = True
+        if not in_use:
+            found.remove(PeriodicRun)
     return found

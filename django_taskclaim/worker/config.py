@@ -132,14 +132,18 @@ def _check_connection_sharing(using: str, concurrency: int, processes: int) -> N
 
 def _models(labels: Sequence[str], queue: str | None) -> list[type[Model]]:
     """The models served: those named (each once, in order), else every claimable model
-    with a processing entry point; with ``--queue``, those with a ``queue_name`` field."""
+    with a processing entry point (``PeriodicRun`` only where periodic functions are used:
+    :func:`~django_taskclaim.ops.reported.reported_models`); with ``--queue``, those with
+    a ``queue_name`` field."""
     chosen: list[type[Model]] = []
     for label in labels:
         model = resolve_model(label)
         if model not in chosen:
             chosen.append(model)
     if not labels:
-        chosen = [m for m in claimable_models() if handler_or_none(m) is not None]
+        from django_taskclaim.ops.reported import without_unused  # needs the app registry
+
+        chosen = without_unused(m for m in claimable_models() if handler_or_none(m) is not None)
         if not chosen:
             raise ConfigurationError(
                 "no claimable model with a processing entry point is installed: give a "

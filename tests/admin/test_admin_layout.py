@@ -139,6 +139,29 @@ def test_periodic_run_is_left_out_where_no_function_is_scheduled(admin_client, n
 
 
 @pytest.mark.django_db
+def test_periodic_run_stays_out_of_the_worker_doctor_and_metrics_where_unused(no_schedules):
+    """A project that never uses periodic work does not see PeriodicRun in the worker's
+    default models (its start line), the doctor's report or the metrics; once a function
+    is scheduled, all three have it."""
+    from django_taskclaim.ops.doctor import diagnose
+    from django_taskclaim.ops.metrics.gauges import collect
+    from django_taskclaim.worker.config import _models
+
+    label = "taskclaim.PeriodicRun"
+    assert not periodic_runs_in_use()
+    assert PeriodicRun not in _models([], None)
+    assert label not in {f.model for f in diagnose()}
+    assert label not in {q.model for q in collect().queues}
+    # named, it is served and checked
+    assert _models([label], None) == [PeriodicRun]
+    assert label in {f.model for f in diagnose([PeriodicRun])}
+    periodic("0 3 * * *", name="layout.tests.nightly")(nightly)
+    assert PeriodicRun in _models([], None)
+    assert label in {f.model for f in diagnose()}
+    assert label in {q.model for q in collect().queues}
+
+
+@pytest.mark.django_db
 def test_periodic_run_is_listed_once_a_function_is_scheduled(admin_client, no_schedules):
     periodic("0 3 * * *", name="layout.tests.nightly")(nightly)
     assert periodic_runs_in_use()

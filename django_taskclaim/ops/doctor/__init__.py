@@ -25,7 +25,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, router
 
-from django_taskclaim.config.discovery import claimable_models, is_claimable
+from django_taskclaim.config.discovery import is_claimable
 from django_taskclaim.config.options import get_options
 from django_taskclaim.exceptions import TaskClaimError
 from django_taskclaim.models import WorkerProcess
@@ -40,6 +40,7 @@ from django_taskclaim.ops.doctor.findings import (
     format_findings,
     guarded,
 )
+from django_taskclaim.ops.reported import reported_models
 
 __all__ = [
     "SEVERITIES",
@@ -58,7 +59,8 @@ def diagnose(
     *,
     limits: Thresholds | None = None,
 ) -> list[Finding]:
-    """Check ``models`` (default: every claimable model) on the database ``using``
+    """Check ``models`` (default: every claimable model but an unused ``PeriodicRun``,
+    :func:`~django_taskclaim.ops.reported.reported_models`) on the database ``using``
     (default: each model's database for writes, as the reaper uses) and return every
     finding, ``ok`` ones included, in a stable order: per database, then per model.
 
@@ -69,7 +71,7 @@ def diagnose(
     ``models`` that is not claimable at all. Only reads: it changes no row and no setting.
     """
     limits = limits or Thresholds()
-    targets = list(models) if models is not None else list(claimable_models())
+    targets = list(models) if models is not None else list(reported_models(using))
     targets.sort(key=lambda m: m._meta.label)
     for model in targets:
         if not is_claimable(model):

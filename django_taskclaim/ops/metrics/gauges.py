@@ -22,7 +22,6 @@ from datetime import datetime
 from django.db import models, router
 from django.db.models import Aggregate, Count, Min, Q
 
-from django_taskclaim.config.discovery import claimable_models
 from django_taskclaim.config.options import ClaimOptions, get_options
 from django_taskclaim.db import DbNow, db_now
 from django_taskclaim.flow.rate_view import KeyRings, RateRing, rate_view
@@ -150,14 +149,16 @@ def queue_gauges(model: type[models.Model], now: datetime, *, using: str) -> lis
 def collect(
     targets: Iterable[type[models.Model]] | None = None, *, using: str | None = None
 ) -> Gauges:
-    """The gauges of ``targets`` (default: every claimable model), the paused queues and
+    """The gauges of ``targets`` (default: every claimable model but an unused
+    ``PeriodicRun``, :func:`~django_taskclaim.ops.reported.reported_models`), the paused queues and
     the workers, read from ``using`` (default: each model's read database; the clock,
     pauses and workers from the ``WorkerProcess`` table's). Every age against the
     database clock."""
     from django_taskclaim.models import QueuePause, WorkerProcess  # the app registry first
+    from django_taskclaim.ops.reported import reported_models
 
     chosen = sorted(
-        targets if targets is not None else claimable_models(), key=lambda m: m._meta.label
+        targets if targets is not None else reported_models(using), key=lambda m: m._meta.label
     )
     home = using or router.db_for_read(WorkerProcess)
     clocks: dict[str, datetime] = {}
