@@ -113,7 +113,8 @@ def test_a_completing_block_that_changes_bookkeeping_or_the_key_writes_nothing(f
             task.result = "not written"
             setattr(task, field, value)
 
-    with pytest.raises(ValueError, match=field if field != "id" else "primary key"):
+    what = "its primary key" if field == "id" else "claim bookkeeping"
+    with pytest.raises(ValueError, match=rf"changed '{field}' \({what}\); a completion writes"):
         block()
     after = row(task)
     assert (after.status, after.version, after.result) == ("processing", before.version, "")
@@ -292,3 +293,39 @@ def test_a_retry_past_the_last_attempt_fails_and_says_so(error, suffix):
     assert (r.status, r.locked_until) == ("failed", None)
     assert r.finished_at is not None
     assert r.last_error == f"gave up after 5 attempt(s) (max_attempts=5){suffix}"
+
+
+class Busy(Exception):
+    """A driver error each vendor's backend takes for a busy database: SQLite's "database
+    is locked", PostgreSQL's deadlock SQLSTATE, MySQL's deadlock error number."""
+
+    sqlstate = "40P01"
+
+
+@pytest.mark.parametrize(
+    ("write", "what", "status"),
+    [
+        (lambda t: t.complete(), "done testapp.Document", "done"),
+        (lambda t: t.extend_lease(60), "lease testapp.Document", "processing"),
+    ],
+)
+def test_a_write_that_finds_the_database_busy_is_retried_and_lands(write, what, status, caplog):
+    from django.db import OperationalError, connection
+
+    task = claimed()
+    busy = {"left": 1}
+
+    def once_busy(execute, sql, params, many, context):
+        if sql.startswith("UPDATE") and busy["left"]:
+            busy["left"] -= 1
+            raise OperationalError("database is locked") from Busy(1213, "database is locked")
+        return execute(sql, params, many, context)
+
+    with (
+        caplog.at_level("DEBUG", logger="django_taskclaim.db"),
+        connection.execute_wrapper(once_busy),
+    ):
+        write(task)
+    assert busy["left"] == 0
+    assert row(task).status == status
+    assert any(m.startswith(f"retrying what={what} attempt=1 ") for m in caplog.messages)
