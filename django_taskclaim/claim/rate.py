@@ -33,12 +33,13 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, models, transaction
+from django.db import DatabaseError, connections, models, transaction
 from django.db.models import Q
 
 from django_taskclaim.backends.rate_slots import RateSlotSQL, rate_sql
 from django_taskclaim.capped import CappedCache
 from django_taskclaim.claim.base import _order_by
+from django_taskclaim.db import is_transient
 from django_taskclaim.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
@@ -132,11 +133,37 @@ def claim_limited(
         )
     label = r.opts.label
     limits = r.opts.rate_limits
+    # Each pass commits on its own unless the caller's transaction holds them all.
+    outer = conn.in_atomic_block
     whole = [lim for lim in limits if lim.field is None]
     grouped = [lim for lim in limits if lim.field is not None]
     for lim in whole:
         _ensure(sql, r.db, label, "", lim)
     rows: list[Any] = []
+    try:
+        _passes(claim, r, sql, label, whole, grouped, rows, again=again)
+    except DatabaseError as exc:
+        if _keep(rows, exc, r.db, outer):
+            return rows
+        raise
+    return rows
+
+
+def _passes(
+    claim: Callable[[ClaimRequest], list[Any]],
+    r: ClaimRequest,
+    sql: RateSlotSQL,
+    label: str,
+    whole: list[RateLimit],
+    grouped: list[RateLimit],
+    rows: list[Any],
+    *,
+    again: bool,
+) -> None:
+    """The looks of :func:`claim_limited`, each its own transaction, the rows each one
+    claimed added to ``rows`` as it commits (so that a later look's error leaves them
+    there for the caller)."""
+    conn = connections[r.db]
     blocked: list[tuple[RateLimit, str]] = []
     passed: list[tuple[Any, ...]] = []  # groups that gave fewer rows than they had
     for _ in range(GROUP_PASSES if grouped else 1):
@@ -157,7 +184,7 @@ def claim_limited(
                 )
         except _SlotMoved:  # a clock rounding edge: claim nothing now, look again at once
             _local.hint = MIN_WAIT
-            return rows
+            return
         rows.extend(got)
         if len(rows) >= r.n or not short or any(scope == "" for _, scope in blocked):
             break
@@ -168,10 +195,18 @@ def claim_limited(
         hint, missing = _wait(sql, r.db, label, blocked)
         if missing and again:  # a ring was emptied by hand: made again, look once more
             rest = r.n - len(rows)
-            more = claim_limited(claim, replace(r, n=rest, cache_key=None), again=False)
-            return rows + more  # the rows claimed already are the caller's too
+            # the rows claimed already are the caller's too
+            rows.extend(claim_limited(claim, replace(r, n=rest, cache_key=None), again=False))
+            return
         _local.hint = hint
-    return rows
+
+
+def _keep(rows: list[Any], exc: DatabaseError, using: str, outer: bool) -> bool:
+    """Whether to return ``rows`` instead of raising ``exc``: a later pass failed with a
+    deadlock or another transient error, and rolled back alone, while the passes before
+    it committed ``rows`` as claimed. Raising would send the caller's retry to claim
+    again and leave those rows ``processing`` with no body until their lease ends."""
+    return bool(rows) and not outer and is_transient(exc, using)
 
 
 def _without(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.db import models, router, transaction
@@ -29,7 +30,7 @@ from django.db.models import Count, Max, Q
 from django_taskclaim.claim.rate import ring_scope
 from django_taskclaim.config.options import get_options
 from django_taskclaim.config.rate_limits import RateLimit
-from django_taskclaim.db import db_now
+from django_taskclaim.db import db_now, retry_transient
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.models import RateSlot
 
@@ -109,7 +110,11 @@ def prune_idle_rings(targets: Iterable[type[models.Model]], *, using: str | None
             if lim.per not in _PREFIX:
                 continue
             for _ in range(PRUNE_PASSES):
-                found, removed = _prune_batch(model._meta.label, lim, db, PRUNE_BATCH)
+                found, removed = retry_transient(
+                    partial(_prune_batch, model._meta.label, lim, db, PRUNE_BATCH),
+                    db,
+                    what="prune idle rate-limit rings",
+                )
                 deleted += removed
                 if found < PRUNE_BATCH or not removed:
                     break

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 from io import StringIO
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -20,7 +21,7 @@ from django_taskclaim.flow import rate_prune
 from django_taskclaim.flow.rate_prune import prune_idle_rings
 from django_taskclaim.flow.rate_view import KEY_RINGS, key_slots_in_window, rate_view
 from django_taskclaim.models import RateSlot
-from tests.flow.test_rate_limits import claim_meta
+from tests.flow.test_rate_limits import claim_meta, max_in_window, start_of
 from tests.support.flowapp.models import Errand, KeyedErrand
 from tests.support.helpers import wait_for
 from tests.support.keyedapp.models import PairJob
@@ -213,6 +214,97 @@ def test_a_pass_prunes_a_batch_and_the_next_goes_on(monkeypatch) -> None:
         assert prune_idle_rings([KeyedErrand]) == 16  # two passes of four rings
         assert prune_idle_rings([KeyedErrand]) == 4
         assert scopes_of(KEYED) == set()
+
+
+def test_pruning_while_claims_run_never_lets_a_key_exceed_its_limit() -> None:
+    """Four connections claim and finish rows of 12 keys at ``2/0.3s`` each while a fifth
+    prunes idle rings in a loop: a ring is idle exactly when its slots are free, so the
+    pruner keeps deleting rings that claimers are about to take. Every key's busiest
+    sliding 0.3 s still holds at most 2 claim times, and every row is done."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite: one writer at a time (the claim's write lock); no race to run")
+    PairJob.objects.bulk_create(PairJob(customer_id=k) for _ in range(8) for k in range(12))
+    starts: dict[int, list[Any]] = {}
+    pruned: list[int] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def claimer() -> None:
+        try:
+            while not stop.is_set():
+                for task in PairJob.objects.claim(4):
+                    with lock:
+                        starts.setdefault(task.customer_id, []).append(start_of(task, 30))
+                    task.complete()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def pruner() -> None:
+        try:
+            while not stop.is_set():
+                pruned.append(prune_idle_rings([PairJob]))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    with claim_meta(PairJob, key_rate_limit="2/0.3s", concurrency_limit=100, lease=30):
+        threads = [threading.Thread(target=claimer) for _ in range(4)]
+        threads.append(threading.Thread(target=pruner))
+        for t in threads:
+            t.start()
+        try:
+            wait_for(
+                lambda: (
+                    bool(errors)
+                    or (PairJob.objects.filter(status="done").count() == 96 and sum(pruned) > 0)
+                ),
+                timeout=120,
+                what="every row done, rings pruned on the way",
+            )
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(60)
+    assert not errors, errors
+    assert PairJob.objects.filter(status="processing").count() == 0  # none claimed, lost
+    assert sum(len(v) for v in starts.values()) == 96  # each row claimed once
+    busiest = {key: max_in_window(times, 0.3) for key, times in starts.items()}
+    assert max(busiest.values()) <= 2, busiest
+    assert sum(pruned) > 0
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the server raises 40P01")
+def test_a_deadlock_in_a_later_pass_keeps_the_rows_claimed_before_it(monkeypatch) -> None:
+    """A per-key claim looks past a held-back key in a second pass, its own transaction.
+    When that pass fails with a deadlock (raised by the server, SQLSTATE 40P01), the rows
+    the first pass committed are returned to the caller, not left ``processing`` while
+    the claim is retried from the start."""
+    from django_taskclaim.claim import rate
+
+    real = rate._claim_in_transaction
+    calls: list[int] = []
+
+    def second_pass_deadlocks(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            cursor = args[3]
+            cursor.execute(
+                "DO $$ BEGIN RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01'; END $$"
+            )
+        return real(*args, **kwargs)
+
+    PairJob.objects.bulk_create(PairJob(customer_id=c) for c in (1, 1, 1, 2, 3))
+    monkeypatch.setattr(rate, "_claim_in_transaction", second_pass_deadlocks)
+    with claim_meta(PairJob, key_rate_limit="1/h", concurrency_limit=100, lease=30):
+        got = PairJob.objects.claim(3)
+    held = set(PairJob.objects.filter(status="processing").values_list("pk", flat=True))
+    assert len(calls) >= 2  # the second pass ran, and failed
+    assert held == {t.pk for t in got}  # every claimed row is the caller's
+    assert [t.customer_id for t in got] == [1]
 
 
 KEY_META = {"key_rate_limit": "2/h", "concurrency_limit": 2, "lease": 30}
