@@ -116,6 +116,18 @@ class WorkerProcess(models.Model):
         return self.worker_id
 
 
+class Dashboard(WorkerProcess):
+    """No table of its own: the admin index's link to the queue dashboard ("Dashboard"
+    under "Task claims"), whose page lives on the worker registry's admin."""
+
+    class Meta:
+        proxy = True
+        app_label = "taskclaim"
+        verbose_name = _("dashboard")
+        verbose_name_plural = _("dashboard")
+        default_permissions = ()
+
+
 class QueuePause(models.Model):
     """A paused queue: no claim takes a ``ready`` row of ``model`` (an ``app_label.Model``
     label) — of the queue ``queue`` only, or of every queue when ``queue`` is ``""``

@@ -9,12 +9,12 @@ from django.apps import apps
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import models
-from django.http import HttpRequest, HttpResponse
-from django.urls import path
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import path, reverse
 from django.utils.translation import gettext_lazy as _
 
 from django_taskclaim.admin.audit import log_model_action
-from django_taskclaim.admin.dashboard import dashboard_view
+from django_taskclaim.admin.dashboard import _may_view, dashboard_view
 from django_taskclaim.admin.display import (
     NOW_ANNOTATION,
     STYLESHEET,
@@ -28,10 +28,16 @@ from django_taskclaim.db import DbNow
 from django_taskclaim.exceptions import TaskClaimError
 from django_taskclaim.flow.pause import resume
 from django_taskclaim.locks import break_lease
-from django_taskclaim.models import Lease, QueuePause, WorkerProcess
+from django_taskclaim.models import Dashboard, Lease, QueuePause, WorkerProcess
 from django_taskclaim.rules import heard_from_recently, live_worker_q, silent_worker_q
 
-__all__ = ["LeaseAdmin", "QueuePauseAdmin", "ReadOnlyAdminMixin", "WorkerProcessAdmin"]
+__all__ = [
+    "DashboardAdmin",
+    "LeaseAdmin",
+    "QueuePauseAdmin",
+    "ReadOnlyAdminMixin",
+    "WorkerProcessAdmin",
+]
 
 
 class ReadOnlyAdminMixin:
@@ -65,6 +71,49 @@ class _AliveFilter(admin.SimpleListFilter):
         if self.value() == "stopped":
             return queryset.filter(stopped_at__isnull=False)
         return queryset
+
+
+@admin.register(Dashboard)
+class DashboardAdmin(admin.ModelAdmin):
+    """The admin index's link to the dashboard: an entry "Dashboard" under "Task claims"
+    for users who may view a claimable model (the dashboard shows those), whose page
+    is the dashboard itself. Nothing to add, change or delete."""
+
+    def get_model_perms(self, request: HttpRequest) -> dict[str, bool]:
+        """View only, for a user the dashboard has a model to show; else no entry."""
+        return {"view": True} if self.has_view_permission(request) else {}
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        """Listed under "Task claims" even for a user with no permission on the app's own
+        models (one who may view a claimable model of another app)."""
+        return self.has_view_permission(request)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """The dashboard's rule: the user may view at least one claimable model."""
+        return any(_may_view(request, self.admin_site, m) for m in claimable_models())
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[Any]:
+        """Only the entry's own URL, which opens the dashboard."""
+        view = self.admin_site.admin_view(self.changelist_view)
+        name = f"{self.opts.app_label}_{self.opts.model_name}_changelist"
+        return [path("", view, name=name)]
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        """The dashboard (``admin:taskclaim_dashboard``)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return HttpResponseRedirect(
+            reverse("admin:taskclaim_dashboard", current_app=self.admin_site.name)
+        )
 
 
 @admin.register(WorkerProcess)

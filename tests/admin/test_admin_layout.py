@@ -11,7 +11,9 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import Permission
 from django.core.management import call_command
+from django.test import Client
 from django.urls import reverse
 
 from django_taskclaim.db import DbNow, db_now
@@ -112,6 +114,32 @@ def test_a_held_task_shows_its_holder_and_one_lease_line(admin_client):
     lease = page(admin_client, task).split("field-lease_details")[1].split("</div>\n</div>")[0]
     assert 'class="taskclaim-expired"' in lease
     assert re.search(r"expired 1m 3\ds ago</span> \(at \d{4}-", lease), lease
+
+
+# -- the admin index links to the dashboard -----------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_admin_index_links_to_the_dashboard(admin_client, django_user_model):
+    """``/admin/`` lists "Dashboard" under "Task claims", which opens the dashboard; a
+    staff user who may view no claimable model gets no such entry (nor the page)."""
+    entry = reverse("admin:taskclaim_dashboard_changelist")
+    index = admin_client.get(reverse("admin:index")).content.decode()
+    assert f'<a href="{entry}"' in index
+    assert ">Dashboard</a>" in index
+    resp = admin_client.get(entry)
+    assert resp.status_code == 302
+    assert resp["Location"] == reverse(DASHBOARD)
+    assert 'data-model="testapp.Document"' in admin_client.get(resp["Location"]).content.decode()
+
+    staff = django_user_model.objects.create_user("staff", password="pw", is_staff=True)
+    client = Client()
+    client.force_login(staff)
+    assert entry not in client.get(reverse("admin:index")).content.decode()
+    assert client.get(entry).status_code == 403
+    staff.user_permissions.add(Permission.objects.get(codename="view_document"))
+    client.force_login(django_user_model.objects.get(pk=staff.pk))
+    assert f'<a href="{entry}"' in client.get(reverse("admin:index")).content.decode()
 
 
 # -- PeriodicRun only where periodic work is used ---------------------------------------
