@@ -168,3 +168,15 @@ def test_rows_of_several_models_and_renamed_columns():
         ("done", "n1"),
     ]
     assert (cols[0].note, cols[1].note) == ("n0", "n1")
+
+
+def test_uuid_keyed_rows_are_matched_by_their_stored_key():
+    from tests.support.testapp.models import UUIDTask
+
+    won, lost = claim(2, model=UUIDTask)
+    deferred(won, {"note": "w"})
+    deferred(lost, {"note": "l"})
+    UUIDTask.objects.filter(pk=lost.pk).update(version=lost.version + 1)
+    assert django_taskclaim.complete_many([won, lost]) == [lost]
+    assert UUIDTask.objects.get(pk=won.pk).note == "w"
+    assert UUIDTask.objects.get(pk=lost.pk).status == "processing"
