@@ -34,6 +34,7 @@ for the diagram and the life of a task through them):
 from __future__ import annotations
 
 from django_taskclaim.deprecation import moved_names
+from django_taskclaim.rules import silent_after
 from django_taskclaim.settle.outcome import TaskAborted
 from django_taskclaim.worker.config import WorkerConfig
 from django_taskclaim.worker.exits import (
@@ -46,7 +47,7 @@ from django_taskclaim.worker.exits import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
 )
-from django_taskclaim.worker.maintenance.registry import silent_after, silent_workers
+from django_taskclaim.worker.maintenance.registry import silent_workers
 from django_taskclaim.worker.process import Worker
 
 __all__ = [

@@ -19,7 +19,6 @@ from django.db.models import Model
 
 from django_taskclaim.db import DbNow
 from django_taskclaim.rules import live_worker_q, silent_worker_q
-from django_taskclaim.rules import silent_after as silent_after
 from django_taskclaim.worker.dbconn import close, connection_trouble
 from django_taskclaim.worker.ledger import Ledger
 from django_taskclaim.worker.service import one_line
@@ -37,10 +36,11 @@ def worker_model() -> type[Model]:
 
 
 def silent_workers(*, using: str | None = None, exclude: Iterable[str] = ()) -> list[str]:
-    """Ids of registered, not stopped workers not heard from for :func:`silent_after`
-    seconds (database clock). For operators (stats, admin): a silent worker may be
-    paused, partitioned or dead; only :func:`~django_taskclaim.recovery.reap.release_worker`,
-    called by someone who knows it is dead, frees its rows before their leases end."""
+    """Ids of registered, not stopped workers not heard from for
+    :func:`~django_taskclaim.rules.silent_after` seconds (database clock). For operators
+    (stats, admin): a silent worker may be paused, partitioned or dead; only
+    :func:`~django_taskclaim.recovery.reap.release_worker`, called by someone who knows
+    it is dead, frees its rows before their leases end."""
     model = worker_model()
     db = using or router.db_for_write(model)
     return list(
