@@ -130,7 +130,7 @@ def test_a_row_done_under_another_claim_is_lost_not_won():
 def test_the_same_row_twice_is_refused_before_any_write():
     (task,) = claim(1)
     copy = Document.objects.get(pk=task.pk)
-    with pytest.raises(ValueError, match="same row twice"):
+    with pytest.raises(ValueError, match=r"^complete_many\(\) got the same row twice$"):
         django_taskclaim.complete_many([task, copy])
     assert Document.objects.get(pk=task.pk).status == "processing"
 
@@ -180,3 +180,36 @@ def test_uuid_keyed_rows_are_matched_by_their_stored_key():
     assert django_taskclaim.complete_many([won, lost]) == [lost]
     assert UUIDTask.objects.get(pk=won.pk).note == "w"
     assert UUIDTask.objects.get(pk=lost.pk).status == "processing"
+
+
+def test_a_lost_row_is_logged_and_a_busy_database_retried(caplog):
+    from django.db import OperationalError, connection
+
+    from tests.settle.test_mutants_transitions import Busy
+
+    won, lost = claim(2)
+    deferred(won, {"result": "w"})
+    deferred(lost, {"result": "l"})
+    Document.objects.filter(pk=lost.pk).update(version=lost.version + 1)
+    busy = {"left": 1}
+
+    def once_busy(execute, sql, params, many, context):
+        if sql.startswith("UPDATE") and busy["left"]:
+            busy["left"] -= 1
+            raise OperationalError("database is locked") from Busy(1213, "database is locked")
+        return execute(sql, params, many, context)
+
+    with (
+        caplog.at_level("DEBUG", logger="django_taskclaim"),
+        connection.execute_wrapper(once_busy),
+    ):
+        assert django_taskclaim.complete_many([won, lost]) == [lost]
+    assert Document.objects.get(pk=won.pk).result == "w"
+    assert any(
+        m.startswith("retrying what=complete 2 testapp.Document attempt=1 ")
+        for m in caplog.messages
+    )
+    assert (
+        f"claim lost model=testapp.Document pk={lost.pk} token={lost.version} write=done: "
+        "nothing was written"
+    ) in caplog.messages
