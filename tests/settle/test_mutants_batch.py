@@ -182,10 +182,15 @@ def test_uuid_keyed_rows_are_matched_by_their_stored_key():
     assert UUIDTask.objects.get(pk=lost.pk).status == "processing"
 
 
+class Busy(Exception):
+    """A driver error each vendor's backend takes for a busy database: SQLite's "database
+    is locked", PostgreSQL's deadlock SQLSTATE, MySQL's deadlock error number."""
+
+    sqlstate = "40P01"
+
+
 def test_a_lost_row_is_logged_and_a_busy_database_retried(caplog):
     from django.db import OperationalError, connection
-
-    from tests.settle.test_mutants_transitions import Busy
 
     won, lost = claim(2)
     deferred(won, {"result": "w"})
