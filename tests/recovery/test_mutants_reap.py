@@ -153,3 +153,65 @@ def test_reap_result_adds_into_one_entry_per_label():
     result.add("m", 3, 4)
     assert (result.requeued, result.failed, result.total) == (5, 5, 10)
     assert result.per_model == {"m": {"requeued": 5, "failed": 5}}
+
+
+def test_recover_takes_only_lapsed_leases_and_counts_a_dry_run():
+    from django_taskclaim.recovery.reap import recover
+
+    lapsed(2, worker="a")
+    Document.objects.bulk_create([Document(title="live")])
+    Document.objects.filter(title="live").claim(1, worker="b")
+    dry = recover([Document], dry_run=True)
+    assert (dry.requeued, statuses()) == (2, {"processing": 3})
+    result = recover([Document], batch_size=1)
+    assert result.per_model == {"testapp.Document": {"requeued": 2, "failed": 0}}
+    assert statuses() == {"ready": 2, "processing": 1}
+    assert recover().total == 0  # every claimable model: nothing left to take
+
+
+def test_recover_and_release_adds_the_released_workers_rows_to_one_result():
+    from django_taskclaim.recovery.reap import recover_and_release
+
+    lapsed(1, worker="late")
+    Document.objects.bulk_create([Document(title=f"dead-{i}") for i in range(2)])
+    Document.objects.filter(title__startswith="dead-").claim(2, worker="dead")
+    Document.objects.filter(title="dead-1").update(attempts=MAX)
+    Document.objects.bulk_create([Document(title="alive")])
+    Document.objects.filter(title="alive").claim(1, worker="alive")
+    dry = recover_and_release([Document], release_workers=["dead"], dry_run=True)
+    assert (dry.requeued, dry.failed) == (2, 1)
+    assert statuses() == {"processing": 4}
+    result = recover_and_release([Document], release_workers=["dead"], batch_size=1)
+    assert result.per_model == {"testapp.Document": {"requeued": 2, "failed": 1}}
+    assert Document.objects.get(title="dead-0").last_error == (
+        "released from worker dead by an operator (taskclaim_reap)"
+    )
+    assert Document.objects.get(title="late-0").last_error == "lease expired; held by late"
+    assert Document.objects.get(title="alive").status == "processing"
+
+
+def test_repeat_until_signalled_passes_until_sigterm_and_puts_the_handlers_back():
+    import signal
+
+    from django.db import OperationalError
+
+    from django_taskclaim.recovery.reap import repeat_until_signalled
+
+    lapsed(1)
+    errors: list = []
+    passes: list = []
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def one_pass() -> None:
+        passes.append(reap(Document).requeued)
+        if len(passes) == 2:
+            raise OperationalError("gone")
+        if len(passes) == 3:
+            signal.raise_signal(signal.SIGTERM)  # the pass under way finishes first
+
+    repeat_until_signalled(0, one_pass, errors.append)
+    assert passes == [1, 0, 0]
+    assert [str(e) for e in errors] == ["gone"]
+    assert statuses() == {"ready": 1}
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    assert Document.objects.count() == 1  # the connection closed after the error reopens
