@@ -66,6 +66,7 @@ from benchmarks.run import (  # noqa: E402
     pct,
     server_version,
     table,
+    table_sql,
     wait_started,
     worker_available,
 )
@@ -90,7 +91,7 @@ METHODS = (
 def producers(alias: str, peer: PgQueuerPeer | None) -> dict[str, Callable[[int], None]]:
     """One call enqueues B rows, each way."""
     manager = BenchTask.objects.using(alias)
-    table_name = connections[alias].ops.quote_name(BenchTask._meta.db_table)
+    table_name = table_sql(alias)
 
     def create(b: int) -> None:
         if b == 1:

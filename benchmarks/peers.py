@@ -69,10 +69,10 @@ from django.test.utils import override_settings  # noqa: E402
 
 import benchmarks.run as bench  # noqa: E402  (sets Django up)
 from benchmarks.benchapp.models import BenchTask  # noqa: E402
+from benchmarks.procstat import TICKS, cpu_ticks, proc_tree, rss_mb, stat_fields  # noqa: E402
 from benchmarks.run import (  # noqa: E402
     PY,
     RESULTS,
-    TICKS,
     child_env,
     drained_rate,
     fill,
@@ -81,9 +81,7 @@ from benchmarks.run import (  # noqa: E402
     machine,
     med,
     pct,
-    proc_tree,
     reachable_aliases,
-    rss_mb,
     server_version,
     table,
     vendor,
@@ -104,22 +102,13 @@ NS_PER_TICK = 1_000_000_000 // TICKS
 # -- PostgreSQL server CPU ---------------------------------------------------------------
 
 
-def _stat(pid: int | str) -> list[str] | None:
-    """The fields of /proc/<pid>/stat after the command name (field 3 is index 0)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
 def _cpu_ns(pid: int | str, parts: list[str]) -> int:
     """CPU time of a process in ns: schedstat's run time (exact), else stat's ticks."""
     try:
         with open(f"/proc/{pid}/schedstat") as fh:
             return int(fh.read().split()[0])
     except (OSError, IndexError, ValueError):
-        return (int(parts[11]) + int(parts[12])) * NS_PER_TICK
+        return cpu_ticks(parts) * NS_PER_TICK
 
 
 def _cmdline(pid: int | str) -> str:
@@ -172,7 +161,7 @@ class PgCpu:
                 if cmd and "postgres" not in cmd:
                     self.other.add(int(entry))
                 continue
-            parts = _stat(entry)
+            parts = stat_fields(entry)
             if parts is None:
                 continue
             out[(int(entry), parts[19])] = (_cpu_ns(entry, parts), parts[0], cmd, int(parts[1]))
@@ -183,7 +172,7 @@ class PgCpu:
         self.parents = {ppid for _, _, _, ppid in procs.values()}
         ns = sum(t for t, _, _, _ in procs.values())
         for ppid in self.parents:
-            parts = _stat(ppid)
+            parts = stat_fields(ppid)
             if parts is not None:  # its own time, and its reaped children's (cutime, cstime)
                 ns += _cpu_ns(ppid, parts) + (int(parts[13]) + int(parts[14])) * NS_PER_TICK
         return ns
@@ -195,7 +184,7 @@ class PgCpu:
         """Whether a child of the postmaster has exited and not been reaped yet."""
         for entry in os.listdir("/proc"):
             if entry.isdigit() and int(entry) not in self.other:
-                parts = _stat(entry)
+                parts = stat_fields(entry)
                 if parts and parts[0] == "Z" and int(parts[1]) in self.parents:
                     return True
         return False
@@ -218,7 +207,7 @@ class PgCpu:
             self.discover()
             return
         for key in self.seen.keys() - self.gone:
-            parts = _stat(key[0])
+            parts = stat_fields(key[0])
             if parts is None or parts[19] != key[1]:
                 self.gone.add(key)
                 continue

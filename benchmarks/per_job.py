@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 
+from benchmarks.procstat import TICKS, cpu_ticks, stat_fields  # noqa: E402
 from benchmarks.run import (  # noqa: E402  (sets Django up)
     LABEL,
     PY,
@@ -58,6 +59,7 @@ from benchmarks.run import (  # noqa: E402  (sets Django up)
     med,
     reachable_aliases,
     table,
+    table_sql,
     vendor,
 )
 
@@ -286,19 +288,16 @@ def in_process_child(jobs: int, batch: int, alias: str) -> dict[str, Any]:
     from django_taskclaim.worker.config import WorkerConfig
     from django_taskclaim.worker.process import Worker
 
-    tick = os.sysconf("SC_CLK_TCK")
     last: dict[str, float] = {}
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.is_set():
             for t in threading.enumerate():
-                try:
-                    with open(f"/proc/self/task/{t.native_id}/stat") as f:
-                        parts = f.read().rsplit(")", 1)[1].split()
-                except OSError:
+                fields = stat_fields("self", task=t.native_id)
+                if fields is None:
                     continue
-                last[t.name] = (int(parts[11]) + int(parts[12])) / tick
+                last[t.name] = cpu_ticks(fields) / TICKS
             stop.wait(0.05)
 
     fill(alias, jobs)
@@ -380,7 +379,7 @@ def bench_breakdown(args: argparse.Namespace, alias: str) -> list[dict[str, Any]
     spent: dict[str, list[float]] = {k: [] for k in stages}
     handler = BenchTask.process
     conn = connections[alias]
-    table = conn.ops.quote_name(BenchTask._meta.db_table)
+    table = table_sql(alias)
     for _ in range(rounds):
         fill(alias, batch * per_round)
         with conn.cursor() as cur:

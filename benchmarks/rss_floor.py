@@ -30,7 +30,11 @@ from pathlib import Path
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 VAR = ROOT / "var"
+
+from benchmarks.procstat import vm_rss_mib  # noqa: E402
+
 DB_NAME = "taskclaim_bench_rss"
 ADMIN_URL = os.environ.get(
     "TASKCLAIM_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -110,8 +114,7 @@ def _idle_worker() -> float:
         time.sleep(5)  # the idle period being measured, not a synchronisation
         if proc.poll() is not None:
             raise SystemExit("the worker exited; run it by hand to see why")
-        with open(f"/proc/{proc.pid}/status") as f:
-            return next(int(x.split()[1]) / 1024 for x in f if x.startswith("VmRSS"))
+        return vm_rss_mib(proc.pid)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

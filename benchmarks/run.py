@@ -49,6 +49,7 @@ from django.db.models import Max, Min  # noqa: E402
 from django.test.utils import CaptureQueriesContext, override_settings  # noqa: E402
 
 from benchmarks.benchapp.models import BenchTask  # noqa: E402
+from benchmarks.procstat import TICKS, proc_tree, rss_mb, tree_cpu_ticks  # noqa: E402
 from django_taskclaim.db import DbNow  # noqa: E402
 from django_taskclaim.settle.outcome import run_task  # noqa: E402
 
@@ -56,8 +57,6 @@ LABEL = "benchapp.BenchTask"
 NOTIFY_HOOKED = True
 TABLE = BenchTask._meta.db_table
 PY = sys.executable
-TICKS = os.sysconf("SC_CLK_TCK")
-PAGE = os.sysconf("SC_PAGE_SIZE")
 
 # -- targets (issue "Benchmarks and race lab") ------------------------------------------
 TARGET_BEST = 25_000.0  # no-op tasks/s, best configuration
@@ -70,6 +69,11 @@ TARGET_IDLE_CPU = 1.0  # percent
 TARGET_RSS_MB = 60.0
 TARGET_REAP_S = 5.0
 TARGET_REAP_STMT_S = 1.0
+
+
+def table_sql(alias: str) -> str:
+    """The benchmark table's name, quoted for the database of ``alias``."""
+    return connections[alias].ops.quote_name(TABLE)
 
 
 def log(msg: str) -> None:
@@ -146,10 +150,10 @@ def server_version(alias: str) -> str:
 def fill(alias: str, ready: int, *, done: int = 0, expired: int = 0) -> None:
     """Empty the table, then insert ``done``, ``expired`` (processing, lease over), ``ready``."""
     conn = connections[alias]
-    qn = conn.ops.quote_name
+    name = table_sql(alias)
     with conn.cursor() as cur:
         if conn.vendor == "postgresql":
-            cur.execute(f"TRUNCATE {qn(TABLE)} RESTART IDENTITY")
+            cur.execute(f"TRUNCATE {name} RESTART IDENTITY")
             parts = [
                 (done, "'done'", "NULL", "now()", 1, 1),
                 (expired, "'processing'", "now() - interval '1 minute'", "NULL", 1, 1),
@@ -158,14 +162,14 @@ def fill(alias: str, ready: int, *, done: int = 0, expired: int = 0) -> None:
             for n, status, until, finished, version, attempts in parts:
                 if n:
                     cur.execute(
-                        f"INSERT INTO {qn(TABLE)} (status, version, attempts, locked_until, "
+                        f"INSERT INTO {name} (status, version, attempts, locked_until, "
                         "locked_by, priority, created_at, finished_at, last_error, stamp) "
                         f"SELECT {status}, {version}, {attempts}, {until}, 'dead:1', 0, "
                         f"now() + g * interval '1 microsecond', {finished}, '', false "
                         "FROM generate_series(1, %s) g",
                         [n],
                     )
-            cur.execute(f"VACUUM ANALYZE {qn(TABLE)}")
+            cur.execute(f"VACUUM ANALYZE {name}")
             return
     BenchTask.objects.using(alias).all().delete()
 
@@ -198,16 +202,16 @@ def top_up_ready(alias: str, ready: int) -> None:
     if missing <= 0:
         return
     conn = connections[alias]
-    qn = conn.ops.quote_name
+    name = table_sql(alias)
     if conn.vendor == "postgresql":
         with conn.cursor() as cur:
             cur.execute(
-                f"INSERT INTO {qn(TABLE)} (status, version, attempts, locked_by, priority, "
+                f"INSERT INTO {name} (status, version, attempts, locked_by, priority, "
                 "created_at, last_error, stamp) SELECT 'ready', 0, 0, '', 0, "
                 "now() + g * interval '1 microsecond', '', false FROM generate_series(1, %s) g",
                 [missing],
             )
-            cur.execute(f"VACUUM ANALYZE {qn(TABLE)}")
+            cur.execute(f"VACUUM ANALYZE {name}")
         return
     for start in range(0, missing, 5000):
         BenchTask.objects.using(alias).bulk_create(
@@ -259,43 +263,6 @@ def worker_available() -> str | None:
     return None
 
 
-def proc_tree(pid: int) -> list[int]:
-    pids = [pid]
-    try:
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/stat") as fh:
-                        parts = fh.read().rsplit(")", 1)[1].split()
-                    if int(parts[1]) == pid:
-                        pids.extend(proc_tree(int(entry)))
-                except (OSError, IndexError, ValueError):
-                    continue
-    except OSError:
-        pass
-    return pids
-
-
-def cpu_ticks(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                parts = fh.read().rsplit(")", 1)[1].split()
-            total += int(parts[11]) + int(parts[12])
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
-
-
-def rss_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/statm") as fh:
-            return int(fh.read().split()[1]) * PAGE / 1e6
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
 class Sampler:
     """CPU (percent of one core) and RSS of a process tree, sampled while it runs."""
 
@@ -303,7 +270,7 @@ class Sampler:
         self.pid = pid
         self.t0 = time.monotonic()
         self.pids = proc_tree(pid)
-        self.c0 = cpu_ticks(self.pids)
+        self.c0 = tree_cpu_ticks(self.pids)
         self.max_rss = 0.0
         self.max_proc_rss = 0.0
 
@@ -315,7 +282,7 @@ class Sampler:
 
     def cpu_percent(self) -> float:
         elapsed = time.monotonic() - self.t0
-        return 100.0 * (cpu_ticks(self.pids) - self.c0) / TICKS / elapsed if elapsed else 0.0
+        return 100.0 * (tree_cpu_ticks(self.pids) - self.c0) / TICKS / elapsed if elapsed else 0.0
 
 
 def run_worker_burst(
@@ -742,7 +709,7 @@ def bench_claim_latency(args: argparse.Namespace, alias: str) -> list[dict[str, 
     with conn.cursor() as cur:
         for i in range(args.latency_samples + 20):
             t0 = time.perf_counter()
-            cur.execute(f"UPDATE {conn.ops.quote_name(TABLE)} SET priority = %s", [i % 2])
+            cur.execute(f"UPDATE {table_sql(alias)} SET priority = %s", [i % 2])
             if i >= 20:
                 floor.append((time.perf_counter() - t0) * 1000)
     rows.append(
