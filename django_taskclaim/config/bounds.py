@@ -3,10 +3,11 @@
 A number that reaches a statement, a sleep or a thread pool is checked here first:
 finite, of the right kind, within its bounds. The ranges are declared beside what they
 bound: each ``TASKCLAIM_*`` setting's in :data:`django_taskclaim.config.settings.TABLE`
-(system check ``taskclaim.E005``), each worker option's in
-:data:`django_taskclaim.worker.options.OPTIONS`; a range shared by a setting and the
-``ClaimMeta`` options or call arguments that fall back to it is named here (:data:`LEASE`
-…), as are those of the other commands, the locks and the batch sizes. One option has one
+(system check ``taskclaim.E005``), each command option's in its table of
+:class:`~django_taskclaim.config.commandline.Option` (the worker's, the relay's, the
+reaper's); a range shared by a setting and the ``ClaimMeta`` options or call arguments
+that fall back to it is named here (:data:`LEASE` …), as are those of the other
+commands, the locks and the batch sizes. One option has one
 range wherever it is given, and an absurd value is a one-line error instead of a
 ``DataError``, an ``OverflowError`` or a busy loop.
 """
@@ -57,12 +58,6 @@ TIMEOUT = Bound(0.001, 365 * DAY)
 #: ``TASKCLAIM_TIMEOUT_GRACE``: how long a body past its deadline has to stop before its
 #: supervised process is replaced.
 TIMEOUT_GRACE = Bound(0.0, MAX_LEASE)
-
-#: ``manage.py taskclaim_reap`` options.
-REAP: dict[str, Bound] = {
-    "--interval": Bound(0.1, DAY),
-    "--batch": Bound(1, 100_000, whole=True),
-}
 
 #: ``LeaseLock(ttl=…)``: from 50 ms (shorter cannot be renewed in time) to 30 days.
 LOCK_TTL = Bound(0.05, MAX_LEASE)

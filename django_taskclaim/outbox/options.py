@@ -1,7 +1,8 @@
-"""The relay's numeric options, declared once: name, type, default, bound.
+"""The relay's numeric options, declared once: name, flag, type, default, bound, help.
 
-:data:`RELAY_OPTIONS` drives both ``manage.py taskclaim_relay``'s argparse (the options
-marked ``flag``: ``--partitions``, ``--max-partitions``, …) and the validation of
+:data:`RELAY_OPTIONS` (each a :class:`~django_taskclaim.config.commandline.Option`, the
+type every command's options share) drives both ``manage.py taskclaim_relay``'s argparse
+(the options with ``flags``: ``--partitions``, ``--max-partitions``, …) and the validation of
 :class:`~django_taskclaim.outbox.relay.Relay`'s arguments (:func:`validate`), so one
 option has one range wherever it is given. A bound may depend on an option declared
 before it (``max_partitions`` ≤ ``partitions``; ``backoff_max`` ≥ ``backoff``).
@@ -12,98 +13,62 @@ validator), :mod:`.runner` (what the command calls with the validated values).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django_taskclaim.config import bounds
 from django_taskclaim.config.bounds import Bound
+from django_taskclaim.config.commandline import Option
 from django_taskclaim.exceptions import ConfigurationError
 
 #: Most partitions a relay layout may have.
 MAX_PARTITIONS = 4096
+#: The options the publisher takes, not :class:`~django_taskclaim.outbox.relay.Relay`.
+PUBLISHER_OPTIONS = frozenset({"timeout"})
 
 
-@dataclass(frozen=True)
-class RelayOption:
-    """One numeric relay option.
-
-    ``name`` is the :class:`~django_taskclaim.outbox.relay.Relay` keyword (and, with
-    dashes, the command's ``--flag``); ``default`` ``None`` means "derived" (see
-    ``help``); ``bound`` is a :class:`Bound` or a function of the values validated so
-    far that returns one; ``flag`` says whether the command offers it; ``relay`` whether
-    :class:`~django_taskclaim.outbox.relay.Relay` takes it (``timeout`` is the
-    publisher's)."""
-
-    name: str
-    type: type[int] | type[float]
-    default: int | float | None
-    bound: Bound | Callable[[Mapping[str, Any]], Bound]
-    help: str
-    flag: bool = True
-    relay: bool = True
-
-    @property
-    def option(self) -> str:
-        """The command-line flag (``--max-partitions``)."""
-        return "--" + self.name.replace("_", "-")
-
-    def bound_for(self, values: Mapping[str, Any]) -> Bound:
-        """The bound given the values validated before this option."""
-        return self.bound if isinstance(self.bound, Bound) else self.bound(values)
+def _flag(name: str) -> tuple[str, ...]:
+    return ("--" + name.replace("_", "-"),)
 
 
-#: Every numeric option of the relay, in validation order.
-RELAY_OPTIONS: tuple[RelayOption, ...] = (
-    RelayOption(
-        "partitions",
-        int,
-        1,
-        Bound(1, MAX_PARTITIONS, whole=True),
+#: Every numeric option of the relay, in validation order. ``default`` ``None`` means
+#: "derived" (see ``help``); one without ``flags`` is not offered by the command.
+RELAY_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "partitions", _flag("partitions"), int, 1,
         "key-hash partitions; every relay of the model must use the same number",
+        Bound(1, MAX_PARTITIONS, whole=True),
     ),
-    RelayOption(
-        "max_partitions",
-        int,
-        None,
-        lambda values: Bound(1, values["partitions"], whole=True),
+    Option(
+        "max_partitions", _flag("max_partitions"), int, None,
         "hold at most this many (default: all)",
+        lambda values: Bound(1, values["partitions"], whole=True),
     ),
-    RelayOption("batch", int, 100, bounds.CLAIM_SIZE, "rows claimed per batch"),
-    RelayOption(
-        "lease", float, 30.0, Bound(1.0, 3600.0), "partition and row lease in seconds (default 30)"
+    Option("batch", _flag("batch"), int, 100, "rows claimed per batch", bounds.CLAIM_SIZE),
+    Option(
+        "lease", _flag("lease"), float, 30.0, "partition and row lease in seconds (default 30)",
+        Bound(1.0, 3600.0),
     ),
-    RelayOption("poll", float, 0.5, Bound(0.01, 60.0), "seconds between idle passes"),
-    RelayOption(
-        "backoff",
-        float,
-        0.5,
+    Option("poll", _flag("poll"), float, 0.5, "seconds between idle passes", Bound(0.01, 60.0)),
+    Option(
+        "backoff", (), float, 0.5, "first wait before a failed round is retried, doubling",
         Bound(0.01, 60.0),
-        "first wait before a failed round is retried, doubling",
-        flag=False,
     ),
-    RelayOption(
-        "backoff_max",
-        float,
-        30.0,
+    Option(
+        "backoff_max", (), float, 30.0, "longest wait between retries of a failed round",
         lambda values: Bound(values["backoff"], 3600.0),
-        "longest wait between retries of a failed round",
-        flag=False,
     ),
-    RelayOption(
-        "timeout",
-        float,
-        10.0,
-        Bound(0.1, 300.0),
+    Option(
+        "timeout", _flag("timeout"), float, 10.0,
         "seconds to wait for the broker: connecting, confirming a batch (default 10)",
-        relay=False,
+        Bound(0.1, 300.0),
     ),
-)
+)  # fmt: skip
 
 
-def flag_options() -> Iterable[RelayOption]:
+def flag_options() -> Iterable[Option]:
     """The options ``manage.py taskclaim_relay`` offers."""
-    return (o for o in RELAY_OPTIONS if o.flag)
+    return (o for o in RELAY_OPTIONS if o.flags)
 
 
 def validate(
@@ -124,7 +89,8 @@ def validate(
         if value is None and option.default is None:
             values[option.name] = None
             continue
-        name = option.option if flags else option.name
-        number = bounds.number(value, name, option.bound_for(values), parse=flags, error=error)
-        values[option.name] = option.type(number)
+        label = option.flag if flags else option.name
+        values[option.name] = option.check(
+            value, earlier=values, label=label, parse=flags, error=error
+        )
     return values

@@ -19,7 +19,7 @@ from typing import Any
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.outbox.brokers import make_publisher
 from django_taskclaim.outbox.models import OutboxMessage
-from django_taskclaim.outbox.options import RELAY_OPTIONS
+from django_taskclaim.outbox.options import PUBLISHER_OPTIONS
 from django_taskclaim.outbox.publisher import PublishError
 from django_taskclaim.outbox.relay import Relay
 
@@ -47,7 +47,7 @@ def open_relay(
         raise ConfigurationError(str(exc)) from None
     except (PublishError, ValueError) as exc:
         raise ConfigurationError(f"{publisher} broker at {url} is unreachable: {exc}") from None
-    relay_values = {o.name: values[o.name] for o in RELAY_OPTIONS if o.relay and o.name in values}
+    relay_values = {k: v for k, v in values.items() if k not in PUBLISHER_OPTIONS}
     return Relay(model, client, using=using, **relay_values)
 
 

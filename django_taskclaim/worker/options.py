@@ -1,7 +1,8 @@
 """The worker's options, each declared once: :data:`OPTIONS`.
 
-One :class:`Option` per option (its keyword, its command-line spellings, type, default,
-bounds and help) drives the command line of ``manage.py worker``
+One :class:`~django_taskclaim.config.commandline.Option` per option (its keyword, its
+command-line spellings, type, default, bounds and help: the type every command's options
+share) drives the command line of ``manage.py worker``
 (:func:`add_arguments`, :func:`from_command_line`), the values of
 :meth:`~django_taskclaim.worker.config.WorkerConfig.build` (:func:`resolve`: text or
 Python values, checked with :func:`django_taskclaim.config.bounds.number`) and the
@@ -13,45 +14,14 @@ equal). Imports only ``config/``; :mod:`.config` builds on it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from django.core.management.base import CommandParser
 
-from django_taskclaim.config import bounds
+from django_taskclaim.config import commandline
 from django_taskclaim.config.bounds import DAY, MAX_LEASE, Bound
-from django_taskclaim.config.settings import DEFAULTS, taskclaim_settings
-
-
-@dataclass(frozen=True)
-class Option:
-    """One worker option.
-
-    ``name`` is the :class:`WorkerConfig` field and the :meth:`WorkerConfig.build`
-    keyword; ``flags`` its command-line spellings (the long one first). A value not given
-    (``None``) is the ``TASKCLAIM_<setting>`` read live if ``setting`` is set, else
-    ``default`` (``None``: none). A ``bool`` option is a switch that turns its default
-    over (``--burst``: on; ``--no-reap``: off); a ``repeat`` one is given once per value.
-    """
-
-    name: str
-    flags: tuple[str, ...]
-    kind: type
-    default: Any
-    help: str
-    bound: Bound | None = None
-    setting: str | None = None
-    repeat: bool = False
-
-    @property
-    def flag(self) -> str:
-        return self.flags[0]
-
-    @property
-    def dest(self) -> str:
-        """The key of this option in the command's parsed options."""
-        return self.flag.lstrip("-").replace("-", "_")
-
+from django_taskclaim.config.commandline import Option
+from django_taskclaim.config.settings import DEFAULTS
 
 OPTIONS: tuple[Option, ...] = (
     Option(
@@ -132,13 +102,7 @@ def default(name: str) -> Any:
 def add_arguments(parser: CommandParser) -> None:
     """Every option on ``parser``. Values stay text (``None`` when not given) until
     :func:`resolve` checks them, so that every mistake gives one line naming the fix."""
-    for option in OPTIONS:
-        if option.kind is bool:
-            parser.add_argument(*option.flags, action="store_true", help=option.help)
-        elif option.repeat:
-            parser.add_argument(*option.flags, action="append", default=None, help=option.help)
-        else:
-            parser.add_argument(*option.flags, default=None, help=option.help)
+    commandline.add_arguments(parser, OPTIONS)
 
 
 def from_command_line(parsed: Mapping[str, Any]) -> dict[str, Any]:
@@ -165,16 +129,4 @@ def resolve(given: Mapping[str, Any], skip: Iterable[str] = ()) -> dict[str, Any
     for name in given:
         if name not in BY_NAME or name in skipped:
             raise TypeError(f"WorkerConfig.build() got an unexpected keyword argument {name!r}")
-    return {o.name: _value(o, given.get(o.name)) for o in OPTIONS if o.name not in skipped}
-
-
-def _value(option: Option, value: Any) -> Any:
-    if value is None:
-        value = getattr(taskclaim_settings, option.setting) if option.setting else option.default
-    if value is None:
-        return None
-    if option.kind is bool:
-        return bool(value)
-    if option.bound is not None:
-        return bounds.number(value, option.flag, option.bound, parse=True)
-    return value
+    return {o.name: o.resolve(given.get(o.name)) for o in OPTIONS if o.name not in skipped}

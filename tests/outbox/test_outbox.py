@@ -412,15 +412,19 @@ def test_relay_arguments_are_checked_against_the_options_table(kwargs, match):
 
 
 def test_the_command_flags_are_the_options_table():
-    from django_taskclaim.management.commands.taskclaim_relay import Command
+    from django_taskclaim.config.commandline import parsed_values
+    from django_taskclaim.management.commands.taskclaim_relay import OPTIONS, Command
     from django_taskclaim.outbox.options import RELAY_OPTIONS
 
     parser = Command().create_parser("manage.py", "taskclaim_relay")
     flags = {a.dest: a.default for a in parser._actions}
+    given = parsed_values(
+        vars(parser.parse_args([LABEL, "--publisher", "nats", "--url", "nats://x"])), OPTIONS
+    )
     for option in RELAY_OPTIONS:
-        assert (option.name in flags) == option.flag, option.name
-        if option.flag:
-            assert flags[option.name] == option.default
+        assert (option.name in flags) == bool(option.flags), option.name
+        if option.flags:
+            assert given[option.name] == option.default
 
 
 def test_the_timeout_option_reaches_the_publisher(monkeypatch):

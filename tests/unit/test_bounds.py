@@ -11,12 +11,13 @@ from django.core.management.base import CommandError
 from django_taskclaim.config import bounds
 from django_taskclaim.config.settings import BOUNDS, DEFAULTS, setting_problem
 from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.management.commands import reaper
 from django_taskclaim.worker.options import BY_NAME, OPTIONS
 
 ALL = [
     *(("setting " + k, b) for k, b in BOUNDS.items()),
     *(("worker " + o.flag, o.bound) for o in OPTIONS if o.bound is not None),
-    *(("reap " + k, b) for k, b in bounds.REAP.items()),
+    *(("reap " + o.flag, o.bound) for o in reaper.OPTIONS if o.bound is not None),
     ("lock ttl", bounds.LOCK_TTL),
 ]
 
@@ -67,7 +68,7 @@ def test_seconds_accept_a_timedelta_and_the_error_class_is_the_callers():
         bounds.number("x", "lease", bounds.LEASE, seconds=True)
     with pytest.raises(CommandError, match=r"--interval must be from 0\.1 to 86400"):
         bounds.number(
-            "1e12", "--interval", bounds.REAP["--interval"], parse=True, error=CommandError
+            "1e12", "--interval", reaper.BY_NAME["interval"].bound, parse=True, error=CommandError
         )
 
 

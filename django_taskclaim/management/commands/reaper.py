@@ -1,5 +1,8 @@
 """``manage.py reaper [app_label.Model ...]``: recover rows stuck in processing (also
-``manage.py taskclaim_reap``)."""
+``manage.py taskclaim_reap``).
+
+Its options are :data:`OPTIONS`, each a :class:`~django_taskclaim.config.commandline.Option`
+(the type every command's options share), bounds included."""
 
 from __future__ import annotations
 
@@ -9,13 +12,37 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, router
 
-from django_taskclaim.config import bounds
+from django_taskclaim.config.bounds import DAY, Bound
+from django_taskclaim.config.commandline import Option, add_arguments, parsed_values
 from django_taskclaim.config.discovery import claimable_models, resolve_model
 from django_taskclaim.config.options import get_options
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.management.verbosity import configure_logging
 from django_taskclaim.recovery.reap import recover_and_release, repeat_until_signalled
 from django_taskclaim.rules import lease_running_q
+
+#: Every option of the command, in the order ``--help`` lists them.
+OPTIONS: tuple[Option, ...] = (
+    Option("once", ("--once",), bool, False, "one pass, then exit (default)"),
+    Option(
+        "interval", ("--interval",), float, None, "loop, one pass every N seconds",
+        Bound(0.1, DAY),
+    ),
+    Option("dry_run", ("--dry-run",), bool, False, "count only, change nothing"),
+    Option(
+        "batch", ("--batch",), int, None, "rows per statement",
+        Bound(1, 100_000, whole=True),
+    ),
+    Option("database", ("--database",), str, None, "database alias"),
+    Option(
+        "release_worker", ("--release-worker",), str, None,
+        "also release, at once, every row held by this worker (repeatable). Only for a "
+        "worker you know is dead: a live one keeps running its task while another worker "
+        "starts the same row.",
+        repeat=True, metavar="WORKER_ID",
+    ),
+)  # fmt: skip
+BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
 
 class Command(BaseCommand):
@@ -27,34 +54,23 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("models", nargs="*", metavar="app_label.Model")
-        parser.add_argument("--once", action="store_true", help="one pass, then exit (default)")
-        parser.add_argument("--interval", default=None, help="loop, one pass every N seconds")
-        parser.add_argument("--dry-run", action="store_true", help="count only, change nothing")
-        parser.add_argument("--batch", default=None, help="rows per statement")
-        parser.add_argument("--database", default=None, help="database alias")
-        parser.add_argument(
-            "--release-worker",
-            action="append",
-            default=[],
-            metavar="WORKER_ID",
-            help="also release, at once, every row held by this worker (repeatable). Only "
-            "for a worker you know is dead: a live one keeps running its task while "
-            "another worker starts the same row.",
-        )
+        add_arguments(parser, OPTIONS)
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(int(options["verbosity"]))
-        using = options["database"]
+        given = parsed_values(options, OPTIONS)
+        using = given["database"]
         if using is not None and using not in settings.DATABASES:
             raise CommandError(
                 f"--database {using!r} is not in settings.DATABASES; "
                 f"choose one of {', '.join(settings.DATABASES)}"
             )
-        interval = _number(options["interval"], "--interval")
-        batch = _number(options["batch"], "--batch")
-        if any(not w.strip() for w in options["release_worker"]):
+        interval = BY_NAME["interval"].resolve(given["interval"], error=CommandError)
+        batch = BY_NAME["batch"].resolve(given["batch"], error=CommandError)
+        released: list[str] = given["release_worker"] or []
+        if any(not w.strip() for w in released):
             raise CommandError("--release-worker needs a worker id (see taskclaim_stats)")
-        if options["once"] and interval is not None:
+        if given["once"] and interval is not None:
             raise CommandError("--once and --interval contradict each other: give one of them")
         try:
             targets = [resolve_model(label) for label in options["models"]]
@@ -68,15 +84,15 @@ class Command(BaseCommand):
         def one_pass() -> None:
             result = recover_and_release(
                 targets,
-                release_workers=options["release_worker"],
+                release_workers=released,
                 using=using,
-                dry_run=options["dry_run"],
+                dry_run=given["dry_run"],
                 batch_size=batch,
             )
-            dry = options["dry_run"]
+            dry = given["dry_run"]
             verb, fail_verb = ("would requeue", "would fail") if dry else ("requeued", "failed")
             if dry:
-                also = ", and release the named workers' rows" if options["release_worker"] else ""
+                also = ", and release the named workers' rows" if released else ""
                 self.stdout.write(
                     "dry run: nothing is changed. One pass would put these rows back to "
                     f"ready (lease expired) or to failed (attempts used up){also}:"
@@ -86,7 +102,7 @@ class Command(BaseCommand):
                 label = model._meta.label
                 line = f"{label}: {verb}={counts['requeued']} {fail_verb}={counts['failed']}"
                 if dry:
-                    held = held_with_valid_lease(model, using, options["release_worker"])
+                    held = held_with_valid_lease(model, using, released)
                     line += f"; {held} held with a valid lease (left alone)"
                 self.stdout.write(line)
             self.stdout.write(f"total: {verb}={result.requeued} {fail_verb}={result.failed}")
@@ -115,10 +131,3 @@ def held_with_valid_lease(model: Any, using: str | None, released: list[str]) ->
     if released and opts.has("locked_by"):
         qs = qs.exclude(locked_by__in=released)
     return int(qs.count())
-
-
-def _number(value: Any, name: str) -> Any:
-    """An option (``None`` = not given) within :data:`django_taskclaim.config.bounds.REAP`."""
-    if value is None:
-        return None
-    return bounds.number(value, name, bounds.REAP[name], parse=True, error=CommandError)

@@ -1,8 +1,9 @@
 """``manage.py taskclaim_relay <app_label.Model> --publisher rabbitmq|nats --url URL``:
 publish an outbox model's committed rows to a broker.
 
-Thin: it parses and validates the options (the numeric ones are declared once, with
-their bounds, in :data:`django_taskclaim.outbox.options.RELAY_OPTIONS`) and calls
+Thin: it parses and validates the options (:data:`OPTIONS`, each a
+:class:`~django_taskclaim.config.commandline.Option`; the numeric ones are declared once,
+with their bounds, in :data:`django_taskclaim.outbox.options.RELAY_OPTIONS`) and calls
 :func:`django_taskclaim.outbox.runner.open_relay` and
 :func:`~django_taskclaim.outbox.runner.serve`.
 """
@@ -14,6 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_taskclaim.config.commandline import Option, add_arguments, parsed_values
 from django_taskclaim.config.discovery import resolve_model
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.management.verbosity import configure_logging
@@ -23,6 +25,16 @@ from django_taskclaim.outbox.write import outbox_model
 
 #: The publishers the command offers (Kafka's is untested: code only).
 PUBLISHERS = ("rabbitmq", "nats")
+
+#: Every option of the command, in the order ``--help`` lists them.
+OPTIONS: tuple[Option, ...] = (
+    Option("publisher", ("--publisher",), str, None, "rabbitmq or nats", required=True),
+    Option("url", ("--url",), str, None, "broker URL (amqp://…, nats://…)", required=True),
+    *flag_options(),
+    Option("exchange", ("--exchange",), str, "", "RabbitMQ exchange (default '')"),
+    Option("burst", ("--burst",), bool, False, "drain, then exit"),
+    Option("database", ("--database",), str, None, "database alias"),
+)
 
 
 class Command(BaseCommand):
@@ -34,34 +46,29 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("model", metavar="app_label.Model")
-        parser.add_argument("--publisher", required=True, help="rabbitmq or nats")
-        parser.add_argument("--url", required=True, help="broker URL (amqp://…, nats://…)")
-        for option in flag_options():
-            parser.add_argument(option.option, default=option.default, help=option.help)
-        parser.add_argument("--exchange", default="", help="RabbitMQ exchange (default '')")
-        parser.add_argument("--burst", action="store_true", help="drain, then exit")
-        parser.add_argument("--database", default=None, help="database alias")
+        add_arguments(parser, OPTIONS)
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(int(options["verbosity"]))
-        using = options["database"]
+        given = parsed_values(options, OPTIONS)
+        using = given["database"]
         if using is not None and using not in settings.DATABASES:
             raise CommandError(
                 f"--database {using!r} is not in settings.DATABASES; "
                 f"choose one of {', '.join(settings.DATABASES)}"
             )
-        publisher = options["publisher"]
+        publisher = given["publisher"]
         if publisher not in PUBLISHERS:
             raise CommandError(f"--publisher {publisher!r} is not one of {', '.join(PUBLISHERS)}")
         try:
             model = outbox_model(resolve_model(options["model"]))
-            values = validate({o.name: options[o.name] for o in flag_options()}, flags=True)
+            values = validate({o.name: given[o.name] for o in flag_options()}, flags=True)
             relay = open_relay(
-                model, publisher, options["url"], values, exchange=options["exchange"], using=using
+                model, publisher, given["url"], values, exchange=given["exchange"], using=using
             )
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from None
-        serve(relay, publisher, burst=options["burst"], write=self._line)
+        serve(relay, publisher, burst=given["burst"], write=self._line)
 
     def _line(self, text: str) -> None:
         self.stdout.write(text)
