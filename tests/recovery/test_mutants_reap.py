@@ -215,3 +215,58 @@ def test_repeat_until_signalled_passes_until_sigterm_and_puts_the_handlers_back(
     assert statuses() == {"ready": 1}
     assert {sig: signal.getsignal(sig) for sig in before} == before
     assert Document.objects.count() == 1  # the connection closed after the error reopens
+
+
+def test_a_reap_by_holder_and_a_dry_run_name_the_model_and_the_worker():
+    lapsed(1, worker="w7")
+    dry = reap(Document, dry_run=True)
+    assert dry.per_model == {"testapp.Document": {"requeued": 1, "failed": 0}}
+    Document.objects.bulk_create([Document(title="held")])
+    Document.objects.filter(title="held").claim(1, worker="w8")  # a lease still running
+    result = reap(Document, held_by=["w8"])
+    assert result.requeued == 1
+    assert Document.objects.get(title="held").last_error == "released from worker w8"
+    assert Document.objects.get(title="w7-0").status == "processing"
+
+
+def test_a_reason_with_two_holes_fills_the_first():
+    lapsed(1, worker="w")
+    reap(Document, reason="{} then {}")
+    assert Document.objects.get().last_error == "w then {}"
+
+
+def test_max_batches_counts_every_batch():
+    lapsed(6)
+    assert Document.objects.reap(batch_size=2, max_batches=2).requeued == 4
+    assert statuses() == {"ready": 4, "processing": 2}
+
+
+def test_release_worker_takes_only_the_named_models_rows_or_every_models():
+    lapsed(1, worker="dead")
+    Job.objects.bulk_create([Job(name="j")])
+    Job.objects.claim(1, worker="dead")
+    assert release_worker("dead", Document).requeued == 1
+    assert Job.objects.get().status == Job.PENDING
+    assert release_worker("dead").per_model == {"testapp.Job": {"requeued": 1, "failed": 0}}
+    assert Job.objects.get().status == Job.NEW
+
+
+def test_a_reap_that_finds_the_database_busy_is_retried(caplog):
+    from django.db import OperationalError, connection
+
+    class Busy(Exception):
+        sqlstate = "40P01"  # PostgreSQL's deadlock; args[0] is MySQL's, the text SQLite's
+
+    lapsed(2)
+    busy = {"left": 1}
+
+    def once_busy(execute, sql, params, many, context):
+        if sql.startswith("UPDATE") and busy["left"]:
+            busy["left"] -= 1
+            raise OperationalError("database is locked") from Busy(1213, "database is locked")
+        return execute(sql, params, many, context)
+
+    with caplog.at_level("DEBUG", logger="django_taskclaim"), connection.execute_wrapper(once_busy):
+        assert reap(Document).requeued == 2
+    assert busy["left"] == 0
+    assert any(m.startswith("retrying what=reap attempt=1 ") for m in caplog.messages)
