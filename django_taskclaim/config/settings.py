@@ -1,13 +1,15 @@
 """Project-wide settings, all prefixed ``TASKCLAIM_`` and read live on every access.
 
-:data:`TABLE` declares each setting once (:class:`Setting`: its type, default, bounds,
-whether ``None`` is allowed, or why it was removed); every other lookup here
-(:data:`SETTINGS`, :data:`DEFAULTS`, :data:`BOUNDS`, :data:`NONE_ALLOWED`,
-:data:`REMOVED`) is derived from it, so a new setting is one line of :data:`TABLE`.
+:class:`TaskClaimSettings` declares each setting once, as a typed attribute
+(:class:`Setting`: its type, default, bounds, whether ``None`` is allowed, or why it was
+removed); :data:`TABLE` and every other lookup here (:data:`SETTINGS`, :data:`DEFAULTS`,
+:data:`BOUNDS`, :data:`NONE_ALLOWED`, :data:`REMOVED`) are derived from it, so a new
+setting is one line of the class.
 
 ``from django_taskclaim.config.settings import taskclaim_settings`` then
 ``taskclaim_settings.LEASE`` returns ``settings.TASKCLAIM_LEASE`` if the project sets
-it, else its default. Because nothing is cached, ``override_settings`` works.
+it, else its default, and mypy knows it is a ``float``. Because nothing is cached,
+``override_settings`` works.
 Unknown ``TASKCLAIM_*`` names are reported by the system check ``taskclaim.E001``,
 removed ones by ``taskclaim.E007``; numeric ones are checked against their bounds with
 :func:`django_taskclaim.config.bounds.number` (:func:`setting_problem`, ``taskclaim.E005``,
@@ -18,8 +20,7 @@ in :mod:`django_taskclaim.checks.core`). Every setting is documented in
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from django.conf import settings
 
@@ -32,22 +33,55 @@ PREFIX = "TASKCLAIM_"
 CHECK_TAG = "taskclaim"
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One ``TASKCLAIM_<name>`` setting.
+class Setting[T]:
+    """One ``TASKCLAIM_<name>`` setting, declared as an attribute of
+    :class:`TaskClaimSettings` (its name is the attribute's).
 
-    ``kind`` is the type (or types) of its values; ``bound`` the range a number must lie
-    in (``None``: not a number, or not bounded); ``none_allowed`` says ``None`` means
+    Read on :data:`taskclaim_settings`, it is ``settings.TASKCLAIM_<name>`` if the project
+    sets it, else ``default``: read live (``override_settings`` works), typed ``T`` for
+    mypy. ``kind`` is the type (or types) of its values; ``bound`` the range a number must
+    lie in (``None``: not a number, or not bounded); ``none_allowed`` says ``None`` means
     "not set" (a default derived elsewhere, or "never"). A setting with ``removed`` set
-    no longer exists: setting it is an error with that hint (what to do instead).
+    no longer exists: setting it is an error with that hint (what to do instead), and
+    reading it an ``AttributeError``.
     """
 
     name: str
-    kind: type | tuple[type, ...] = object
-    default: Any = None
-    bound: Bound | None = None
-    none_allowed: bool = False
-    removed: str | None = None
+
+    def __init__(
+        self,
+        kind: type | tuple[type, ...],
+        default: T,
+        bound: Bound | None = None,
+        *,
+        none_allowed: bool = False,
+        removed: str | None = None,
+    ) -> None:
+        self.kind = kind
+        self.default = default
+        self.bound = bound
+        self.none_allowed = none_allowed
+        self.removed = removed
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Setting({PREFIX}{self.name})"
+
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> Setting[T]: ...
+
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> T: ...
+
+    def __get__(self, instance: object, owner: type | None = None) -> Setting[T] | T:
+        if instance is None:
+            return self
+        if self.removed is not None:
+            raise AttributeError(f"unknown django-taskclaim setting {PREFIX}{self.name}")
+        value: T = getattr(settings, PREFIX + self.name, self.default)
+        return value
 
 
 _DEAD_AFTER = (
@@ -56,75 +90,73 @@ _DEAD_AFTER = (
     "TASKCLAIM_WORKER_SILENT_AFTER to say when the admin and stats show a worker as silent."
 )
 
-#: Every ``TASKCLAIM_*`` setting (without the prefix), in the order of ``docs/settings.md``.
-#: A range shared with ``ClaimMeta`` options and call arguments is named in
-#: :mod:`~django_taskclaim.config.bounds` (``bounds.LEASE`` …); the others are written here.
-TABLE: tuple[Setting, ...] = (
-    # Claiming: auto | skip_locked | cas | advisory | serializable | hold
-    Setting("STRATEGY", str, "auto"),
-    # seconds a claim is held before the reaper may take it back
-    Setting("LEASE", float, 300.0, bounds.LEASE),
-    # claims before a task ends failed
-    Setting("MAX_ATTEMPTS", int, 5, bounds.MAX_ATTEMPTS),
-    # seconds; delay = RETRY_BACKOFF * 2 ** (attempts - 1), at most RETRY_BACKOFF_MAX
-    Setting("RETRY_BACKOFF", float, 2.0, bounds.RETRY_BACKOFF),
-    Setting("RETRY_BACKOFF_MAX", float, 3600.0, bounds.RETRY_BACKOFF),
-    # +/- fraction of random jitter applied to the backoff
-    Setting("RETRY_JITTER", float, 0.25, bounds.RETRY_JITTER),
-    # rows read per round by the cas strategy
-    Setting("CAS_CANDIDATES", int, 16, Bound(1, 10_000, whole=True)),
-    # claims of this many rows or more take turns per table; None = never
-    Setting("CLAIM_GATE", int, 50, bounds.CLAIM_GATE, none_allowed=True),
-    # seconds a task body may run (None = no deadline); then its flag is set and the
-    # attempt fails with TimeoutError
-    Setting("TIMEOUT", float, None, bounds.TIMEOUT, none_allowed=True),
-    # seconds past its deadline before a --processes child running it is replaced;
-    # None = the model's lease
-    Setting("TIMEOUT_GRACE", float, None, bounds.TIMEOUT_GRACE, none_allowed=True),
-    # retries of deadlocks / serialization failures / "database is locked"
-    Setting("DB_RETRIES", int, 10, Bound(0, 1000, whole=True)),
-    # Recovery: rows per reaper statement; seconds between periodic reaps inside workers
-    Setting("REAP_BATCH", int, 1000, Bound(1, 100_000, whole=True)),
-    Setting("REAP_INTERVAL", float, 30.0, Bound(0.1, DAY)),
-    # shown as silent after this long; display only, never death
-    Setting("WORKER_SILENT_AFTER", float, 60.0, Bound(1.0, MAX_LEASE)),
-    Setting("WORKER_DEAD_AFTER", removed=_DEAD_AFTER),
-    # Worker: seconds between polls when no notification arrives
-    Setting("POLL_INTERVAL", float, 1.0, Bound(0.01, 3600.0)),
-    # aliases one worker fleet drains; None = each model's router alias
-    Setting("WORKER_DATABASES", (list, tuple), None, none_allowed=True),
-    # seconds a worker may hold completions to write them in one batch
-    Setting("ACK_WINDOW", float, 0.05, Bound(0.0, 60.0)),
-    # seconds; None = a third of the lease
-    Setting("HEARTBEAT_INTERVAL", float, None, Bound(0.01, 15 * DAY), none_allowed=True),
-    # Notifications and poolers (PostgreSQL): NOTIFY workers when ready rows are committed
-    # (True, "trigger" or False), on this channel; POOLER_MODE is pgBouncer's pool_mode
-    Setting("NOTIFY", (bool, str), True),
-    Setting("NOTIFY_CHANNEL", str, "taskclaim"),
-    Setting("POOLER_MODE", str, None, none_allowed=True),  # None | "session" | "transaction"
-    # Monitoring: the bearer token the metrics view accepts; None = staff users only
-    Setting("METRICS_TOKEN", str, None, none_allowed=True),
-)
-
-#: name (without prefix) -> :class:`Setting`, for every setting that exists.
-SETTINGS: dict[str, Setting] = {s.name: s for s in TABLE if s.removed is None}
-#: name (without prefix) -> default value.
-DEFAULTS: dict[str, Any] = {name: s.default for name, s in SETTINGS.items()}
-#: name (without prefix) -> bounds, for every numeric setting (``taskclaim.E005``).
-BOUNDS: dict[str, Bound] = {n: s.bound for n, s in SETTINGS.items() if s.bound is not None}
-#: Settings whose ``None`` means "not set" (a default derived elsewhere, or "never").
-NONE_ALLOWED = frozenset(name for name, s in SETTINGS.items() if s.none_allowed)
-#: Settings that existed once, with what to do instead (reported by ``taskclaim.E007``).
-REMOVED: dict[str, str] = {s.name: s.removed for s in TABLE if s.removed is not None}
-
 
 class TaskClaimSettings:
-    """Live view of the ``TASKCLAIM_*`` settings with their defaults."""
+    """Live, typed view of the ``TASKCLAIM_*`` settings with their defaults: every
+    setting declared once, in the order of ``docs/settings.md`` (without the prefix).
 
-    def __getattr__(self, name: str) -> Any:
-        if name not in DEFAULTS:
+    A range shared with ``ClaimMeta`` options and call arguments is named in
+    :mod:`~django_taskclaim.config.bounds` (``bounds.LEASE`` …); the others are written
+    here.
+    """
+
+    # Claiming: auto | skip_locked | cas | advisory | serializable | hold
+    STRATEGY: Setting[str] = Setting(str, "auto")
+    # seconds a claim is held before the reaper may take it back
+    LEASE: Setting[float] = Setting(float, 300.0, bounds.LEASE)
+    # claims before a task ends failed
+    MAX_ATTEMPTS: Setting[int] = Setting(int, 5, bounds.MAX_ATTEMPTS)
+    # seconds; delay = RETRY_BACKOFF * 2 ** (attempts - 1), at most RETRY_BACKOFF_MAX
+    RETRY_BACKOFF: Setting[float] = Setting(float, 2.0, bounds.RETRY_BACKOFF)
+    RETRY_BACKOFF_MAX: Setting[float] = Setting(float, 3600.0, bounds.RETRY_BACKOFF)
+    # +/- fraction of random jitter applied to the backoff
+    RETRY_JITTER: Setting[float] = Setting(float, 0.25, bounds.RETRY_JITTER)
+    # rows read per round by the cas strategy
+    CAS_CANDIDATES: Setting[int] = Setting(int, 16, Bound(1, 10_000, whole=True))
+    # claims of this many rows or more take turns per table; None = never
+    CLAIM_GATE: Setting[int | None] = Setting(int, 50, bounds.CLAIM_GATE, none_allowed=True)
+    # seconds a task body may run (None = no deadline); then its flag is set and the
+    # attempt fails with TimeoutError
+    TIMEOUT: Setting[float | None] = Setting(float, None, bounds.TIMEOUT, none_allowed=True)
+    # seconds past its deadline before a --processes child running it is replaced;
+    # None = the model's lease
+    TIMEOUT_GRACE: Setting[float | None] = Setting(
+        float, None, bounds.TIMEOUT_GRACE, none_allowed=True
+    )
+    # retries of deadlocks / serialization failures / "database is locked"
+    DB_RETRIES: Setting[int] = Setting(int, 10, Bound(0, 1000, whole=True))
+    # Recovery: rows per reaper statement; seconds between periodic reaps inside workers
+    REAP_BATCH: Setting[int] = Setting(int, 1000, Bound(1, 100_000, whole=True))
+    REAP_INTERVAL: Setting[float] = Setting(float, 30.0, Bound(0.1, DAY))
+    # shown as silent after this long; display only, never death
+    WORKER_SILENT_AFTER: Setting[float] = Setting(float, 60.0, Bound(1.0, MAX_LEASE))
+    WORKER_DEAD_AFTER: Setting[None] = Setting(object, None, removed=_DEAD_AFTER)
+    # Worker: seconds between polls when no notification arrives
+    POLL_INTERVAL: Setting[float] = Setting(float, 1.0, Bound(0.01, 3600.0))
+    # aliases one worker fleet drains; None = each model's router alias
+    WORKER_DATABASES: Setting[list[str] | tuple[str, ...] | None] = Setting(
+        (list, tuple), None, none_allowed=True
+    )
+    # seconds a worker may hold completions to write them in one batch
+    ACK_WINDOW: Setting[float] = Setting(float, 0.05, Bound(0.0, 60.0))
+    # seconds; None = a third of the lease
+    HEARTBEAT_INTERVAL: Setting[float | None] = Setting(
+        float, None, Bound(0.01, 15 * DAY), none_allowed=True
+    )
+    # Notifications and poolers (PostgreSQL): NOTIFY workers when ready rows are committed
+    # (True, "trigger" or False), on this channel; POOLER_MODE is pgBouncer's pool_mode
+    NOTIFY: Setting[bool | str] = Setting((bool, str), True)
+    NOTIFY_CHANNEL: Setting[str] = Setting(str, "taskclaim")
+    POOLER_MODE: Setting[str | None] = Setting(
+        str, None, none_allowed=True
+    )  # None | "session" | "transaction"
+    # Monitoring: the bearer token the metrics view accepts; None = staff users only
+    METRICS_TOKEN: Setting[str | None] = Setting(str, None, none_allowed=True)
+
+    if not TYPE_CHECKING:  # at run time only: mypy reports an unknown name instead
+
+        def __getattr__(self, name: str) -> Any:
             raise AttributeError(f"unknown django-taskclaim setting {PREFIX}{name}")
-        return getattr(settings, PREFIX + name, DEFAULTS[name])
 
     def unknown_names(self) -> list[tuple[str, str | None]]:
         """Return ``(name, suggestion)`` for each ``TASKCLAIM_*`` setting we do not know."""
@@ -141,6 +173,23 @@ class TaskClaimSettings:
     def removed_names(self) -> list[tuple[str, str]]:
         """``(name, what to do instead)`` for each removed ``TASKCLAIM_*`` setting set."""
         return [(PREFIX + n, why) for n, why in REMOVED.items() if hasattr(settings, PREFIX + n)]
+
+
+#: Every ``TASKCLAIM_*`` setting, removed ones included, in the order of
+#: :class:`TaskClaimSettings` (and of ``docs/settings.md``).
+TABLE: tuple[Setting[Any], ...] = tuple(
+    v for v in vars(TaskClaimSettings).values() if isinstance(v, Setting)
+)
+#: name (without prefix) -> :class:`Setting`, for every setting that exists.
+SETTINGS: dict[str, Setting[Any]] = {s.name: s for s in TABLE if s.removed is None}
+#: name (without prefix) -> default value.
+DEFAULTS: dict[str, Any] = {name: s.default for name, s in SETTINGS.items()}
+#: name (without prefix) -> bounds, for every numeric setting (``taskclaim.E005``).
+BOUNDS: dict[str, Bound] = {n: s.bound for n, s in SETTINGS.items() if s.bound is not None}
+#: Settings whose ``None`` means "not set" (a default derived elsewhere, or "never").
+NONE_ALLOWED = frozenset(name for name, s in SETTINGS.items() if s.none_allowed)
+#: Settings that existed once, with what to do instead (reported by ``taskclaim.E007``).
+REMOVED: dict[str, str] = {s.name: s.removed for s in TABLE if s.removed is not None}
 
 
 def setting_problem(name: str, value: Any) -> str | None:
