@@ -77,19 +77,19 @@ def test_each_row_gets_its_own_fields_and_a_row_without_any_keeps_its_own():
     assert sorted(completed) == sorted((Document, t.pk) for t in (a, b, c))
 
 
-def test_without_result_fields_every_won_row_is_signalled():
+def test_without_result_fields_every_won_row_is_signalled_to_its_models_receivers():
     tasks = claim(2)
     completed: list = []
 
     def receiver(sender, task, **kw):
-        completed.append(task.pk)
+        completed.append((sender, task.pk))
 
-    task_completed.connect(receiver)
+    task_completed.connect(receiver, sender=Document)
     try:
         assert django_taskclaim.complete_many(tasks) == []
     finally:
-        task_completed.disconnect(receiver)
-    assert sorted(completed) == sorted(t.pk for t in tasks)
+        task_completed.disconnect(receiver, sender=Document)
+    assert sorted(completed) == sorted((Document, t.pk) for t in tasks)
     assert all(t.finished_at is not None for t in tasks)
 
 
