@@ -4,6 +4,8 @@ figures, the admin and the worker registry apply.
 - a lease has expired / is running (database clock): :func:`lease_expired_q`,
   :func:`lease_running_q`, and :func:`lease_ended` for a value already read;
 - a write that finds its row by primary key re-checks its status: :func:`status_recheck`;
+- the fence, what makes a write of a claimed row fenced (token matches, still
+  ``processing``): :func:`held_q`, :func:`held_many_q` for a large batch;
 - a registered worker is live / silent: :func:`live_worker_q`, :func:`silent_worker_q`,
   :func:`heard_from_recently` (display only: silence is not death).
 
@@ -13,8 +15,9 @@ Below everything that uses them (``claim/``, ``settle/``, ``recovery/``, ``ops/`
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, models
 from django.db.models import F, Q
@@ -24,12 +27,16 @@ from django.db.models.functions import Coalesce, Greatest
 from django_taskclaim.backends import for_connection
 from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.db import DbNow
+from django_taskclaim.exceptions import ConfigurationError
 
 if TYPE_CHECKING:
     from django_taskclaim.config.options import ClaimOptions
 
 __all__ = [
+    "HELD_STATE",
     "heard_from_recently",
+    "held_many_q",
+    "held_q",
     "lease_ended",
     "lease_expired_q",
     "lease_running_q",
@@ -94,6 +101,75 @@ def status_recheck(opts: ClaimOptions, state: str, using: str) -> Q:
     conn = connections[using]
     sql = for_connection(conn).opaque_param_sql(str(field.cast_db_type(conn)))
     return Q(**{opts.status_field: RawSQL(sql, [opts.value(state)], output_field=field)})
+
+
+# -- the fence ---------------------------------------------------------------------------
+
+#: The state a claimed row is held in: a fenced write lands only on a row still in it.
+HELD_STATE = "processing"
+
+
+def _held_status(opts: ClaimOptions, using: str | None) -> Q:
+    if using is None:
+        return opts.status_q(HELD_STATE)
+    return status_recheck(opts, HELD_STATE, using)
+
+
+def held_q(opts: ClaimOptions, tokens: Iterable[tuple[Any, int]], using: str | None = None) -> Q:
+    """The fence: the rows still held under the claim tokens given (``(pk, version)``
+    pairs), that is, with that primary key and token and still :data:`HELD_STATE`.
+
+    Every write of a claimed row (the transitions, the fenced block's lock, the lease
+    renewals, the give-backs) updates exactly these rows, so a lost claim writes nothing.
+    ``using``: the database of a write, whose status condition is then
+    :func:`status_recheck`; ``None`` for a read (the plain status condition). No tokens:
+    no row. A large batch uses :func:`held_many_q`; the statement text of the vendors'
+    own batched completion is :meth:`~django_taskclaim.backends.base.DatabaseSQL.held_sql`."""
+    match = Q()
+    for pk, token in tokens:
+        match |= Q(pk=pk, version=token)
+    if not match:
+        return Q(pk__in=[])
+    return match & _held_status(opts, using)
+
+
+def held_many_q(opts: ClaimOptions, tokens: Mapping[Any, int], using: str) -> Q:
+    """:func:`held_q` for a write of many rows (``tokens``: pk → claimed token): the
+    primary keys (an index lookup), then ``(pk, version) IN ((%s, %s), …)``, a row-value
+    comparison (standard SQL, supported by PostgreSQL, MySQL/MariaDB and SQLite) that the
+    ORM has no public way to say and that compiles once per batch instead of many
+    ``OR``-ed conditions, then the status re-check.
+
+    The parameters bypass the ORM's lookups, so each is converted here exactly as a
+    lookup would: ``get_db_prep_value`` of its field (a UUID primary key is a 32-digit
+    hex string on databases without a native UUID type, for instance)."""
+    model = opts.model
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    table = qn(model._meta.db_table)
+    pk_field = model._meta.pk
+    version_field = model._meta.get_field("version")
+    pk_column = getattr(pk_field, "column", None)
+    version_column = getattr(version_field, "column", None)
+    if (
+        not isinstance(pk_field, models.Field)
+        or not isinstance(version_field, models.Field)
+        or not pk_column
+        or not version_column
+    ):
+        raise ConfigurationError(f"{model._meta.label} needs concrete pk and version columns")
+    pairs = [
+        (
+            pk_field.get_db_prep_value(key, connection),
+            version_field.get_db_prep_value(token, connection),
+        )
+        for key, token in tokens.items()
+    ]
+    sql, params = for_connection(connection).tokens_match(
+        ".".join((table, qn(pk_column))), ".".join((table, qn(version_column))), pairs
+    )
+    match = RawSQL(sql, params, output_field=models.BooleanField())
+    return Q(pk__in=list(tokens)) & Q(match) & _held_status(opts, using)
 
 
 # -- live and silent workers --------------------------------------------------------

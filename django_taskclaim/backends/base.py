@@ -191,6 +191,16 @@ class DatabaseSQL(LockSQL):
         params = tuple(value for pair in pairs for value in pair)
         return Statement(f"({pk}, {version}) IN ({placeholders})", params)
 
+    def held_sql(self, c: ClaimColumns, pk: str, token: str) -> str:
+        """The fence (:func:`~django_taskclaim.rules.held_q`) in statement text, for a
+        write that reads each row's primary key and claimed token from ``pk`` and
+        ``token`` (SQL expressions): that primary key, that token, and the status
+        re-checked (:meth:`opaque_param_sql`; one parameter, the held state's value)."""
+        return (
+            f"{c.table}.{c.pk} = {pk} AND {c.table}.{c.version} = {token} "
+            f"AND {c.table}.{c.status} = {self.opaque_param_sql(c.status_type)}"
+        )
+
     def value_per_row(self, pk: str, column: str, branches: Sequence[tuple[Any, Any]]) -> Statement:
         """``CASE <pk> WHEN %s THEN %s … ELSE <column> END``: each row of a batched write
         its own value of ``column`` (``branches``: prepared (pk, value) pairs; ``pk`` and

@@ -351,11 +351,8 @@ class PostgreSQL(PostgreSQLNotify, PostgreSQLLocks, DatabaseSQL):
         else:
             arrays = ", ".join(f"%s::{db_type}[]" for _, db_type in typed)
             source = f"unnest({arrays}) AS {t}({', '.join(alias for alias, _ in typed)})"
-        return (
-            f"UPDATE {c.table} SET {', '.join(sets)} FROM {source} "
-            f'WHERE {c.table}.{c.pk} = {t}."pk" AND {c.table}.{c.version} = {t}."token" '
-            f"AND {self._status_is(c)}"
-        )
+        held = self.held_sql(c, f'{t}."pk"', f'{t}."token"')
+        return f"UPDATE {c.table} SET {', '.join(sets)} FROM {source} WHERE {held}"
 
     # --------------------------------------------------------------------- diagnostics
 

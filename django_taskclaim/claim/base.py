@@ -15,11 +15,12 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, models
-from django.db.models import F, Q
+from django.db.models import F
 
 from django_taskclaim.backends import ClaimColumns, for_alias, for_connection
 from django_taskclaim.db import DbNow
 from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.rules import held_q
 
 if TYPE_CHECKING:
     from django_taskclaim.claim.request import ClaimRequest
@@ -214,7 +215,4 @@ def read_claimed(base: models.QuerySet, opts: ClaimOptions, won: dict[Any, int])
     A row released and re-claimed by another worker between the UPDATE and this read
     comes back with another token and is left out: the caller never gets an instance
     carrying someone else's token (its fenced writes would win over the real holder)."""
-    match = Q()
-    for pk, token in won.items():
-        match |= Q(pk=pk, version=token)
-    return list(base.filter(match).filter(opts.status_q("processing")))
+    return list(base.filter(held_q(opts, won.items())))

@@ -30,7 +30,7 @@ from django_taskclaim.model.enqueue import enqueue_rows
 from django_taskclaim.model.status import UNKNOWN_STATE
 from django_taskclaim.model.unique_insert import insert_unique
 from django_taskclaim.recovery.reap import ReapResult, reap_queryset
-from django_taskclaim.rules import lease_expired_q, status_recheck
+from django_taskclaim.rules import held_q, lease_expired_q
 from django_taskclaim.settle import batch
 
 logger = logging.getLogger("django_taskclaim.claim")
@@ -204,12 +204,10 @@ class ClaimQuerySetMixin(_QuerySetBase):
         ``processing`` under it (no lock waited for: MVCC)."""
         opts = self.claim_options
         lease = validate_lease(opts.lease if seconds is None else seconds)
-        cond = Q()
-        for t in tasks:
-            cond |= Q(pk=t.pk, version=t.version)
+        tokens = [(t.pk, t.version) for t in tasks]
         base = self.model._base_manager.using(self.db)
-        fenced = base.filter(cond).filter(status_recheck(opts, "processing", self.db))
-        rows = base.filter(cond).filter(opts.status_q("processing"))
+        fenced = base.filter(held_q(opts, tokens, self.db))
+        rows = base.filter(held_q(opts, tokens))
         return lease, fenced, lambda: set(rows.values_list("pk", flat=True))
 
     def renew_leases(

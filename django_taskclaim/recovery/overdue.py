@@ -25,6 +25,7 @@ from django.db import models
 
 from django_taskclaim.config.options import get_options
 from django_taskclaim.exceptions import ClaimLost
+from django_taskclaim.rules import held_q
 from django_taskclaim.settle.deadline import deadline_error
 from django_taskclaim.settle.transitions import Outcome, release, retry
 
@@ -40,12 +41,7 @@ def fail_overdue(
     and ``processing``: returns the outcome, or ``None`` when that claim is no longer
     current (the row was settled or taken back meanwhile) and nothing was written."""
     opts = get_options(model)
-    row: Any = (
-        model._base_manager.using(using)
-        .filter(pk=pk, version=version)
-        .filter(opts.status_q("processing"))
-        .first()
-    )
+    row: Any = model._base_manager.using(using).filter(held_q(opts, [(pk, version)])).first()
     if row is None:
         return None
     try:

@@ -24,9 +24,8 @@ from django_taskclaim import signals
 from django_taskclaim.backends import for_alias, for_connection
 from django_taskclaim.config.options import ClaimOptions, get_options
 from django_taskclaim.db import DbNow, retry_transient
-from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.model.claimable import Claimable
-from django_taskclaim.rules import status_recheck
+from django_taskclaim.rules import held_many_q
 from django_taskclaim.settle.batch_json import complete_many_in_one
 from django_taskclaim.settle.writes import _db, check_fields
 
@@ -99,41 +98,6 @@ def complete_many(tasks: Iterable[Any]) -> list[Any]:
     return lost
 
 
-def _tokens_match(model: type[models.Model], using: str, tokens: dict[Any, int]) -> RawSQL:
-    """``(pk, version) IN ((%s, %s), …)``: a row-value comparison (standard SQL, supported
-    by PostgreSQL, MySQL/MariaDB and SQLite) that the ORM has no public way to say; it
-    compiles once per batch instead of a hundred ``OR``-ed ``Q`` objects.
-
-    The parameters bypass the ORM's lookups, so each is converted here exactly as a
-    lookup would: ``get_db_prep_value`` of its field (a UUID primary key is a 32-digit
-    hex string on databases without a native UUID type, for instance)."""
-    connection = connections[using]
-    qn = connection.ops.quote_name
-    table = qn(model._meta.db_table)
-    pk_field = model._meta.pk
-    version_field = model._meta.get_field("version")
-    pk_column = getattr(pk_field, "column", None)
-    version_column = getattr(version_field, "column", None)
-    if (
-        not isinstance(pk_field, models.Field)
-        or not isinstance(version_field, models.Field)
-        or not pk_column
-        or not version_column
-    ):
-        raise ConfigurationError(f"{model._meta.label} needs concrete pk and version columns")
-    pairs = [
-        (
-            pk_field.get_db_prep_value(key, connection),
-            version_field.get_db_prep_value(token, connection),
-        )
-        for key, token in tokens.items()
-    ]
-    sql, params = for_connection(connection).tokens_match(
-        ".".join((table, qn(pk_column))), ".".join((table, qn(version_column))), pairs
-    )
-    return RawSQL(sql, params, output_field=models.BooleanField())
-
-
 def _complete_chunk(model: type[models.Model], using: str, tasks: list[Any]) -> list[Any]:
     """Complete one chunk of ``model``'s tasks on ``using`` in one fenced UPDATE; return
     the tasks whose claim was lost. Steps: write (:func:`_chunk_writer`), tell the won
@@ -193,12 +157,7 @@ def _chunk_writer(
     if opts.has("finished_at"):
         values["finished_at"] = DbNow()
     values.update(_per_row_values(model, tasks, results, using))
-    target = (
-        model._base_manager.using(using)
-        .filter(pk__in=list(tokens))
-        .filter(_tokens_match(model, using, tokens))
-        .filter(status_recheck(opts, "processing", using))
-    )
+    target = model._base_manager.using(using).filter(held_many_q(opts, tokens, using))
     return partial(target.update, **values)
 
 

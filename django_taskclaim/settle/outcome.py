@@ -26,6 +26,7 @@ from django.db.models.expressions import Combinable
 from django_taskclaim.config.options import get_options
 from django_taskclaim.exceptions import ClaimLost, ConfigurationError, Fail, Retry
 from django_taskclaim.model.claimable import Claimable, model_of
+from django_taskclaim.rules import held_q
 from django_taskclaim.settle.batch import PENDING_ATTR, BatchableResult
 from django_taskclaim.settle.deadline import deadline_error, overdue
 from django_taskclaim.settle.transitions import Outcome, complete, fail, fenced, retry
@@ -252,8 +253,7 @@ def claim_held(task: Claimable) -> bool:
     return (
         model_of(task)
         ._base_manager.using(_db(task))
-        .filter(pk=task.pk, version=task.version)
-        .filter(opts.status_q("processing"))
+        .filter(held_q(opts, [(task.pk, task.version)]))
         .exists()
     )
 

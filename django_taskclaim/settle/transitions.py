@@ -21,7 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from django.db import DatabaseError, models, transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.db.models.expressions import Combinable
 
 from django_taskclaim import signals
@@ -33,7 +33,7 @@ from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.db import DbNow, in_user_atomic, is_transient, retry_transient
 from django_taskclaim.exceptions import ClaimLost
 from django_taskclaim.model.claimable import Claimable, model_of
-from django_taskclaim.rules import status_recheck
+from django_taskclaim.rules import held_q
 from django_taskclaim.settle.batch import PENDING_ATTR, _pending
 from django_taskclaim.settle.writes import _db, check_fields, format_error
 
@@ -73,15 +73,9 @@ def _held(
     model: type[models.Model], opts: ClaimOptions, using: str, tasks: list[Any]
 ) -> models.QuerySet:
     """The rows of ``tasks`` still held under the claim tokens their instances carry: the
-    fence of every write here (``pk`` and token match, ``status = processing`` re-checked
-    with :func:`~django_taskclaim.claim.status_recheck`)."""
-    tokens = Q()
-    for task in tasks:
-        tokens |= Q(pk=task.pk, version=task.version)
-    return (
-        model._base_manager.using(using)
-        .filter(tokens)
-        .filter(status_recheck(opts, "processing", using))
+    fence of every write here (:func:`~django_taskclaim.rules.held_q`)."""
+    return model._base_manager.using(using).filter(
+        held_q(opts, ((task.pk, task.version) for task in tasks), using)
     )
 
 
