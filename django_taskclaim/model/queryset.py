@@ -2,36 +2,32 @@
 
 Filters are adjectives (``claimable()``, ``expired()``), mutations are verbs
 (``claim()``, ``requeue()``, ``reap()``). Every method composes with the caller's own
-filters: ``Document.objects.filter(kind="invoice").claim(10)``.
+filters: ``Document.objects.filter(kind="invoice").claim(10)``. Each method is a thin
+call into the layer that owns its rule: ``claim/`` claims, ``settle/`` writes (``leases``
+the renewals, ``bulk`` the operator's transitions, ``batch`` the batched completions),
+``recovery/`` reaps.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
-from functools import partial
 from typing import TYPE_CHECKING, Any, Self
 
 from asgiref.sync import sync_to_async
-from django.db import connections, models, transaction
-from django.db.models import Count, F, Q, Value
-from django.db.models.functions import Coalesce, Concat
+from django.db import models
+from django.db.models import Count, Q
 
-from django_taskclaim.claim import claim_rows, validate_lease
-from django_taskclaim.config import bounds
+from django_taskclaim.claim import claim_rows
 from django_taskclaim.config.options import ClaimOptions, get_options
-from django_taskclaim.db import (
-    DbNow,
-    retry_transient,
-)
-from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.db import DbNow
 from django_taskclaim.model.enqueue import enqueue_rows
 from django_taskclaim.model.status import UNKNOWN_STATE
 from django_taskclaim.model.unique_insert import insert_unique
 from django_taskclaim.recovery.reap import ReapResult, reap_queryset
-from django_taskclaim.rules import held_q, lease_expired_q
-from django_taskclaim.settle import batch
+from django_taskclaim.rules import lease_expired_q
+from django_taskclaim.settle import batch, bulk, leases
 
 logger = logging.getLogger("django_taskclaim.claim")
 
@@ -183,32 +179,7 @@ class ClaimQuerySetMixin(_QuerySetBase):
         A task is lost when its token no longer matches (reaped, re-claimed, changed).
         Lost tasks are not touched. Does not bump the token.
         """
-        if not tasks:
-            return []
-        lease, fenced, alive = self._held_by(tasks, seconds)
-        n = retry_transient(
-            lambda: fenced.update(locked_until=DbNow() + timedelta(seconds=lease)),
-            self.db,
-            what="extend leases",
-        )
-        if n == len(tasks):
-            return []
-        still = alive()
-        return [t for t in tasks if t.pk not in still]
-
-    def _held_by(
-        self, tasks: Sequence[Any], seconds: float | timedelta | None
-    ) -> tuple[float, models.QuerySet, Callable[[], set[Any]]]:
-        """For a lease write on ``tasks``: the lease (validated), their rows still under
-        each task's token (the fence), and a plain read of which of them are still
-        ``processing`` under it (no lock waited for: MVCC)."""
-        opts = self.claim_options
-        lease = validate_lease(opts.lease if seconds is None else seconds)
-        tokens = [(t.pk, t.version) for t in tasks]
-        base = self.model._base_manager.using(self.db)
-        fenced = base.filter(held_q(opts, tokens, self.db))
-        rows = base.filter(held_q(opts, tokens))
-        return lease, fenced, lambda: set(rows.values_list("pk", flat=True))
+        return leases.extend_leases(self.model, self.db, tasks, seconds)
 
     def renew_leases(
         self, tasks: Sequence[Any], seconds: float | timedelta | None = None
@@ -226,38 +197,7 @@ class ClaimQuerySetMixin(_QuerySetBase):
         picked in one transaction (``SELECT … FOR UPDATE SKIP LOCKED``, then the
         ``UPDATE``); elsewhere (SQLite, which locks the whole file) one ``UPDATE``.
         """
-        if not tasks:
-            return [], []
-        lease, fenced, alive_now = self._held_by(tasks, seconds)
-        base = self.model._base_manager.using(self.db)
-        until = DbNow() + timedelta(seconds=lease)
-        features = connections[self.db].features
-        if not (features.has_select_for_update and features.has_select_for_update_skip_locked):
-            n = retry_transient(
-                lambda: fenced.update(locked_until=until), self.db, what="renew leases"
-            )
-            if n == len(tasks):
-                return [], []
-            renewed = None  # one statement: which rows it hit is not known
-        else:
-
-            def renew() -> set[Any]:
-                with transaction.atomic(using=self.db):
-                    pks = list(
-                        fenced.select_for_update(skip_locked=True).values_list("pk", flat=True)
-                    )
-                    if pks:
-                        base.filter(pk__in=pks).update(locked_until=until)
-                return set(pks)
-
-            renewed = retry_transient(renew, self.db, what="renew leases")
-            if len(renewed) == len(tasks):
-                return [], []
-        alive = alive_now()  # tells lost from busy
-        lost = [t for t in tasks if t.pk not in alive]
-        if renewed is None:
-            return lost, []
-        return lost, [t for t in tasks if t.pk in alive and t.pk not in renewed]
+        return leases.renew_leases(self.model, self.db, tasks, seconds)
 
     # -- batched acknowledgements -----------------------------------------------------
     def complete_many(self, tasks: Iterable[Any]) -> list[Any]:
@@ -274,57 +214,13 @@ class ClaimQuerySetMixin(_QuerySetBase):
         return batch.complete_many(tasks)
 
     # -- bulk operations (fenced by the state condition, token bumped) ---------------
-    def _transition(
-        self,
-        from_states: Iterable[str],
-        to_state: str,
-        extra: dict[str, Any] | None = None,
-        *,
-        batch_size: int | None = None,
-    ) -> int:
-        opts = self.claim_options
-        from_states = tuple(from_states)
-        updates = {opts.status_field: opts.value(to_state), "version": F("version") + 1}
-        updates.update(extra or {})
-        base = self.model._base_manager.using(self.db)
-        scope = self.in_state(*from_states)
-        if batch_size is None:
-            return retry_transient(lambda: scope.update(**updates), self.db, what="transition")
-        batch_size = bounds.number(batch_size, "batch_size", bounds.BATCH_SIZE, error=ValueError)
-        total, last = 0, None
-        pk_name = self.model._meta.pk.name
-        while True:
-            page = scope.order_by("pk")
-            if last is not None:
-                page = page.filter(pk__gt=last)
-            pks = list(page.values_list("pk", flat=True)[:batch_size])
-            if not pks:
-                return total
-            last = pks[-1]
-            target = base.filter(**{f"{pk_name}__in": pks}).filter(opts.status_q(*from_states))
-            total += retry_transient(
-                partial(target.update, **updates),
-                self.db,
-                what="transition",
-            )
-
     def requeue(self, *, reset_attempts: bool = True, batch_size: int | None = None) -> int:
         """Put ``failed``/``cancelled``/``done`` rows back to ``ready`` now; return how many.
 
         ``processing`` rows are left alone (use :meth:`release`). With
         ``reset_attempts`` the retry budget starts over.
         """
-        opts = self.claim_options
-        extra: dict[str, Any] = {"locked_until": None}
-        if reset_attempts:
-            extra["attempts"] = 0
-        if opts.has("run_after"):
-            # due now, and ready since now: the "oldest ready" figures age from it
-            extra["run_after"] = DbNow()
-        if opts.has("finished_at"):
-            extra["finished_at"] = None
-        states = [s for s in ("failed", "cancelled", "done") if opts.statuses.get(s) is not None]
-        return self._transition(states, "ready", extra, batch_size=batch_size)
+        return bulk.requeue(self._qs(), reset_attempts=reset_attempts, batch_size=batch_size)
 
     def release(self, *, batch_size: int | None = None) -> int:
         """Take ``processing`` rows back from their holders (who are fenced); ``ready`` now.
@@ -334,24 +230,11 @@ class ClaimQuerySetMixin(_QuerySetBase):
         rows are marked recovered (``locked_until`` kept), so workers run each alone, and
         ``last_error`` names the worker they were taken from.
         """
-        opts = self.claim_options
-        extra: dict[str, Any] = {}
-        if opts.has("last_error"):
-            holder = Coalesce(F("locked_by"), Value("?")) if opts.has("locked_by") else Value("?")
-            extra["last_error"] = Concat(
-                Value("released from worker "), holder, output_field=models.TextField()
-            )
-        return self._transition(["processing"], "ready", extra, batch_size=batch_size)
+        return bulk.release(self._qs(), batch_size=batch_size)
 
     def cancel(self, *, batch_size: int | None = None) -> int:
         """Cancel ``ready`` and ``processing`` rows; holders are fenced. Needs a cancelled state."""
-        opts = self.claim_options
-        if opts.statuses.get("cancelled") is None:
-            raise ConfigurationError(f"{opts.label} maps no 'cancelled' status")
-        extra: dict[str, Any] = {"locked_until": None}
-        if opts.has("finished_at"):
-            extra["finished_at"] = DbNow()
-        return self._transition(["ready", "processing"], "cancelled", extra, batch_size=batch_size)
+        return bulk.cancel(self._qs(), batch_size=batch_size)
 
     def reap(self, **kwargs: Any) -> ReapResult:
         """Recover this queryset's expired leases (:func:`~django_taskclaim.recovery.reap.reap`)."""

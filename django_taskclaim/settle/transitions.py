@@ -3,8 +3,8 @@
 Every write here is an ``UPDATE … WHERE pk = %s AND version = <claimed token> AND
 status = processing``: a worker that lost its claim writes nothing and gets
 :class:`~django_taskclaim.exceptions.ClaimLost`. :func:`complete`, :func:`fail`,
-:func:`retry`, :func:`release`, :func:`give_back` (the worker's, many unstarted rows at
-once) and :func:`extend_lease` are the transitions;
+:func:`retry`, :func:`release` and :func:`give_back` (one transition: one row, or the
+worker's many unstarted rows at once) and :func:`extend_lease` are the transitions;
 :func:`fenced` is a transaction that re-checks and locks the claim first;
 :class:`Outcome` names what became of one attempt. The public names here are importable
 from :mod:`django_taskclaim.settle.outcome`, which also runs the attempts.
@@ -205,27 +205,31 @@ def retry(
     return Outcome.READY
 
 
+def _given_back(*, keep_mark: bool) -> dict[str, Any]:
+    """The one give-back transition, :func:`release` and :func:`give_back`: ``ready`` at
+    once, the attempt not counted (the token moves on with the fenced write). With
+    ``keep_mark``, ``locked_until`` is left as it is (a row recovered from a lost holder
+    stays marked recovered); without, it is cleared."""
+    values: dict[str, Any] = {} if keep_mark else {"locked_until": None}
+    values["attempts"] = F("attempts") - 1
+    return values
+
+
 def release(task: Claimable) -> None:
-    """``processing`` → ``ready`` at once; the attempt is not counted."""
-    _fenced_update(task, "ready", {"locked_until": None, "attempts": F("attempts") - 1})
+    """``processing`` → ``ready`` at once; the attempt is not counted, the lease cleared."""
+    _fenced_update(task, "ready", _given_back(keep_mark=False))
 
 
 def give_back(model: type[models.Model], tasks: list[Any], using: str) -> int:
     """``processing`` → ``ready`` at once for claimed-but-unstarted rows of ``model``, in
-    one fenced UPDATE: the attempt is not counted, the token moves on, and ``locked_until``
-    is left as it is (a row recovered from a lost holder stays marked recovered). A row
-    this claim no longer holds is left as it is; returns how many were given back.
-    Database errors are the caller's (the worker logs them: the leases will expire)."""
+    one fenced UPDATE: :func:`release` of many rows, except that ``locked_until`` is left
+    as it is (a row recovered from a lost holder stays marked recovered). A row this
+    claim no longer holds is left as it is; returns how many were given back. Database
+    errors are the caller's (the worker logs them: the leases will expire)."""
     opts = get_options(model)
-    return int(
-        _held(model, opts, using, tasks).update(
-            **{
-                opts.status_field: opts.value("ready"),
-                "version": F("version") + 1,
-                "attempts": F("attempts") - 1,
-            }
-        )
-    )
+    values = {opts.status_field: opts.value("ready"), "version": F("version") + 1}
+    values.update(_given_back(keep_mark=True))
+    return int(_held(model, opts, using, tasks).update(**values))
 
 
 def extend_lease(task: Claimable, seconds: float | timedelta | None = None) -> None:
