@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import django
 from django.apps import AppConfig
 from django.core.exceptions import ImproperlyConfigured
+from django.db.models import Model
 from django.utils.translation import gettext_lazy as _
 
 #: The first Django release that ships ``django.tasks``.
@@ -32,3 +35,16 @@ class TaskClaimTasksConfig(AppConfig):
     label = "taskclaim_tasks"  # stable: the table name and migrations depend on it
     verbose_name = _("Django tasks")
     default_auto_field = "django.db.models.BigAutoField"
+
+    def taskclaim_worker_refusal(
+        self, models: Iterable[type[Model]], queue: str | None
+    ) -> str | None:
+        """Why ``manage.py worker`` must not serve ``models`` with ``--queue queue``, in one
+        line, or ``None``: Django's check of ``TASKS`` and the queues of the backends
+        (:func:`~django_taskclaim.contrib.tasks.preflight.worker_refusal`). The worker
+        command asks every installed app config that has this hook."""
+        from django_taskclaim.contrib.tasks.preflight import (
+            worker_refusal,  # deferred: needs django.tasks (Django 6.0+)
+        )
+
+        return worker_refusal(models, queue)

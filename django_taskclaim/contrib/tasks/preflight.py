@@ -5,7 +5,9 @@ The worker command runs only django-taskclaim's own system checks (tag ``taskcla
 Django's check of ``TASKS`` is untagged, so :func:`worker_refusal` runs it here for a
 worker of the task table, and refuses a ``--queue`` that no ``TaskClaimBackend`` of
 ``TASKS`` lists (no task can be enqueued there: the worker would wait forever).
-Used by :mod:`django_taskclaim.management.commands.worker`; the backend's own check is
+Called through the app config's hook
+(:meth:`~django_taskclaim.contrib.tasks.apps.TaskClaimTasksConfig.taskclaim_worker_refusal`),
+which ``manage.py worker`` asks of every installed app; the backend's own check is
 :meth:`~django_taskclaim.contrib.tasks.backend.TaskClaimBackend.check`.
 """
 

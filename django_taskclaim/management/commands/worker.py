@@ -1,9 +1,9 @@
 """``manage.py worker [app_label.Model ...]``: run workers for claimable models.
 
 Parse (the options of :data:`django_taskclaim.worker.options.OPTIONS`), validate
-(:func:`django_taskclaim.worker.fleet.plan`, the schema), call (one
-:class:`~django_taskclaim.worker.Worker`, or the supervisor). ``manage.py taskclaim_worker``
-is an alias of this command.
+(:func:`django_taskclaim.worker.fleet.plan`, an installed app's :data:`REFUSAL_HOOK`, the
+schema), call (one :class:`~django_taskclaim.worker.Worker`, or the supervisor).
+``manage.py taskclaim_worker`` is an alias of this command. It imports no contrib app.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from typing import Any
 from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
+from django.db.models import Model
 
+from django_taskclaim import contrib
 from django_taskclaim.checks.core import TAG
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.management.suggest import suggest_options
@@ -26,22 +28,34 @@ from django_taskclaim.worker.options import add_arguments, from_command_line
 from django_taskclaim.worker.preflight import check_now
 from django_taskclaim.worker.supervisor import supervise
 
-#: The contrib app whose model a worker may name, by app label.
-TASKS_APP = "django_taskclaim.contrib.tasks"
-CONTRIB_APPS = {"taskclaim_tasks": TASKS_APP}
+#: The hook an installed app's config may define to refuse a worker of some models:
+#: ``taskclaim_worker_refusal(models, queue) -> str | None`` (one line, or ``None``).
+REFUSAL_HOOK = "taskclaim_worker_refusal"
 
 
 def missing_contrib_app(label: str) -> str | None:
     """For ``label`` of a contrib app that is not installed (``taskclaim_tasks.QueuedTask``
     without ``django_taskclaim.contrib.tasks``), one line naming the app to add; else
-    ``None``."""
-    app = CONTRIB_APPS.get(label.partition(".")[0]) if isinstance(label, str) else None
+    ``None``. The contrib apps are those of :data:`django_taskclaim.contrib.APPS`."""
+    app = contrib.APPS.get(label.partition(".")[0]) if isinstance(label, str) else None
     if app is None or apps.is_installed(app):
         return None
     return (
         f"{label} is the model of {app!r}, which is not installed: add {app!r} to "
         "INSTALLED_APPS, then run python manage.py migrate"
     )
+
+
+def app_refusal(models: list[type[Model]], queue: str | None) -> str | None:
+    """The first line of an installed app's :data:`REFUSAL_HOOK` refusing a worker of
+    ``models`` with ``--queue queue`` (the tasks backend: Django's check of ``TASKS``,
+    ``--queue`` against its ``QUEUES``), or ``None``."""
+    for config in apps.get_app_configs():
+        hook = getattr(config, REFUSAL_HOOK, None)
+        refused = hook(models, queue) if hook is not None else None
+        if refused is not None:
+            return str(refused)
+    return None
 
 
 class Command(BaseCommand):
@@ -78,14 +92,9 @@ class Command(BaseCommand):
             configs = plan(options["models"], options["database"], **from_command_line(options))
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from None
-        if apps.is_installed(TASKS_APP):  # Django's check of TASKS, --queue against QUEUES
-            from django_taskclaim.contrib.tasks.preflight import (
-                worker_refusal,  # deferred: needs django.tasks (Django 6.0+)
-            )
-
-            refused = worker_refusal([m for c in configs for m in c.models], options["queue"])
-            if refused is not None:
-                raise CommandError(refused)
+        refused = app_refusal([m for c in configs for m in c.models], options["queue"])
+        if refused is not None:  # an app's own refusal (the tasks backend's check of TASKS)
+            raise CommandError(refused)
         # The schema checked once here, before any process starts (each worker checks
         # again once its database answers, which covers a database down just now).
         problem = check_now(configs)
