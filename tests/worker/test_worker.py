@@ -291,8 +291,12 @@ def test_poison_task_fails_after_max_attempts_while_others_flow(procs):
         "testapp.Document",
         "--processes",
         "2",
+        # The supervisor gives a dead child's rows back itself: no lease needs to lapse.
+        # A 1 s lease would let a loaded machine delay a healthy child's renewal past
+        # the supervisor's kill time (its lease would lapse: the kill is right) and the
+        # stop would then not be clean.
         "--lease",
-        "1",
+        "5",
         settings=FAST,
         claim_meta={"max_attempts": 3},
     )
