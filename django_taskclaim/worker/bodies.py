@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction
@@ -33,6 +33,13 @@ class Body:
     handler: Callable[..., Any]
     is_async: bool
     wants_cancel: bool
+    #: For a sync body without ``cancel`` (the usual), what the executor runs, as it is:
+    #: ``(handler, True)``, the callable and that it returns no coroutine; else ``None``.
+    plain: tuple[Callable[..., Any], bool] | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        plain = None if self.is_async or self.wants_cancel else (self.handler, True)
+        object.__setattr__(self, "plain", plain)  # frozen: set once, here
 
     @classmethod
     def of(cls, handler: Callable[..., Any]) -> Body:

@@ -40,7 +40,7 @@ from django_taskclaim.worker.acks import Acks
 from django_taskclaim.worker.config import WorkerConfig
 from django_taskclaim.worker.dbconn import backoff, close, drop_stale, pause
 from django_taskclaim.worker.leasewatch import LeaseReport, lease_until
-from django_taskclaim.worker.ledger import SHARES_ATTR, Ledger, runs_alone
+from django_taskclaim.worker.ledger import Ledger
 from django_taskclaim.worker.service import Outage, one_line
 
 logger = logging.getLogger("django_taskclaim.worker")
@@ -74,6 +74,7 @@ class Claimer(threading.Thread):
         self.outage = outage
         self.wake = threading.Event()  # a notification: rows may be ready
         self.claims = 0  # claim statements made (for tests and stats)
+        self.budget = Budget(config.max_tasks)
         # Set by a claim that returned a row to run alone: claim one row at a time until
         # a claim returns none (more would be given back unstarted).
         self.one_at_a_time = False
@@ -110,7 +111,7 @@ class Claimer(threading.Thread):
                 return
             if not room:
                 continue
-            want = self.ledger.reserve(1 if self.one_at_a_time else room)
+            want = self.budget.reserve(1 if self.one_at_a_time else room)
             if not want:  # --max-tasks claimed: end once the last one settles
                 self._finish()
                 return
@@ -126,26 +127,15 @@ class Claimer(threading.Thread):
                 turn += 1
             except DatabaseError as exc:
                 self._claims_done()
-                self.ledger.unreserve(want)
-                first = self.outage.failed(exc)
-                close(self.config.using)
-                delay = self.outage.delay()
-                log = logger.warning if first else logger.debug
-                log(
-                    "database error during claim worker=%s error=%s retry_in=%.1fs",
-                    self.worker_id,
-                    one_line(exc),
-                    delay,
-                )
-                # Cut short by a notification, a stop, or any thread reconnecting.
-                pause(delay, self.wake, self.config.using)
+                self.budget.unreserve(want)
+                self._claim_failed(exc)
                 continue
             if self.outage.ok():
                 logger.info("database reachable again worker=%s", self.worker_id)
-            self.ledger.unreserve(want - len(rows))
+            self.budget.unreserve(want - len(rows))
             if rows:
-                rows = self._one_recovered(rows)
-                if not self.ledger.add_claimed(rows):  # stopped meanwhile: give them back
+                rows, alone = self._one_recovered(rows)
+                if not self.ledger.add_claimed(rows, alone=alone):  # stopped: give them back
                     self.release(rows)
                 self._claims_done()
                 continue
@@ -156,27 +146,49 @@ class Claimer(threading.Thread):
                 self.wake.clear()
                 continue
             if self.config.burst:
-                if busy or self.ledger.in_flight():
-                    # They may retry: once they have all settled, one last look.
-                    while not self.stopping.is_set() and not self.ledger.wait_until_idle(poll):
-                        pass
-                    continue
-                try:
-                    more = self.config.until_empty and self.work_left()
-                except DatabaseError as exc:  # as a failed claim: the next one tells
-                    close(self.config.using)
-                    logger.warning(
-                        "database error while looking for work left worker=%s error=%s",
-                        self.worker_id,
-                        one_line(exc),
-                    )
-                    delay = backoff(self.outage.failures + 1, self.config.using)
-                    pause(delay, self.wake, self.config.using)
+                more = self._burst_more(busy, poll)
+                if more is None:  # look again
                     continue
                 if not more:
                     self._finish()
                     return
             self._idle(poll)
+
+    def _claim_failed(self, exc: DatabaseError) -> None:
+        """A claim failed: count it in the outage, drop the connection, wait the backoff
+        (cut short by a notification, a stop, or any thread reconnecting)."""
+        first = self.outage.failed(exc)
+        close(self.config.using)
+        delay = self.outage.delay()
+        log = logger.warning if first else logger.debug
+        log(
+            "database error during claim worker=%s error=%s retry_in=%.1fs",
+            self.worker_id,
+            one_line(exc),
+            delay,
+        )
+        pause(delay, self.wake, self.config.using)
+
+    def _burst_more(self, busy: int, poll: float) -> bool | None:
+        """``--burst``, a claim found nothing: whether rows are left to wait for
+        (``--until-empty``), or ``None`` to claim again first (rows were in flight, and
+        may retry: once they have all settled, one last look; or the look failed)."""
+        if busy or self.ledger.in_flight():
+            while not self.stopping.is_set() and not self.ledger.wait_until_idle(poll):
+                pass
+            return None
+        try:
+            return self.config.until_empty and self.work_left()
+        except DatabaseError as exc:  # as a failed claim: the next one tells
+            close(self.config.using)
+            logger.warning(
+                "database error while looking for work left worker=%s error=%s",
+                self.worker_id,
+                one_line(exc),
+            )
+            delay = backoff(self.outage.failures + 1, self.config.using)
+            pause(delay, self.wake, self.config.using)
+            return None
 
     def _claim(self, models: list[type[Model]], turn: int, want: int) -> list[Any]:
         """Claim from the first model (in rotation) that has ready rows (and note, in
@@ -227,23 +239,21 @@ class Claimer(threading.Thread):
         self.wake.wait(poll * random.uniform(0.75, 1.25))
         self.wake.clear()
 
-    def _one_recovered(self, rows: list[Any]) -> list[Any]:
-        """The claimed rows to queue: those that may share first, then at most one row
-        to run alone (none if one is held already); other such rows are given back."""
-        if not any(map(was_recovered, rows)):  # the usual: none was recovered
-            self.one_at_a_time = False
-            return rows
-        for row in rows:
-            if was_recovered(row) and may_share(row):
-                setattr(row, SHARES_ATTR, True)
-        alone = [r for r in rows if runs_alone(r)]
+    def _one_recovered(self, rows: list[Any]) -> tuple[list[Any], Any]:
+        """Decide, once per claim, which claimed rows run alone; return the rows to
+        queue (those that may share first, then the one to run alone, if any) and that
+        one (``None``: none, or one is held already). Other such rows are given back."""
+        alone = [r for r in rows if was_recovered(r) and not may_share(r)]
         self.one_at_a_time = bool(alone)
-        if not alone:
-            return rows
-        keep = [] if self.ledger.holds_recovered() else alone[:1]
-        if len(alone) > len(keep):
-            self.give_back(alone[len(keep) :])
-        return [r for r in rows if not runs_alone(r)] + keep
+        if not alone:  # the usual: no recovered row, or only rows that may share
+            return rows, None
+        keep = None if self.ledger.holds_recovered() else alone[0]
+        back = alone if keep is None else alone[1:]
+        if back:
+            self.give_back(back)
+        ids = {id(r) for r in alone}
+        queue = [r for r in rows if id(r) not in ids]
+        return (queue, None) if keep is None else ([*queue, keep], keep)
 
     def give_back(self, tasks: list[Any]) -> None:
         """Release claimed-but-unstarted recovered rows, keeping their recovered mark and
@@ -274,6 +284,28 @@ class Claimer(threading.Thread):
                 model._meta.label,
                 self.worker_id,
             )
+
+
+class Budget:
+    """``--max-tasks``: the rows one process may claim over its life (``None``: no
+    limit); counted by its claimer alone."""
+
+    def __init__(self, max_tasks: int | None) -> None:
+        self.max_tasks = max_tasks
+        self._reserved = 0
+
+    def reserve(self, n: int) -> int:
+        """Take up to ``n`` rows from the budget; return how many."""
+        if self.max_tasks is None:
+            return n
+        n = max(0, min(n, self.max_tasks - self._reserved))
+        self._reserved += n
+        return n
+
+    def unreserve(self, n: int) -> None:
+        """Give back ``n`` reserved rows that were not claimed."""
+        if self.max_tasks is not None:
+            self._reserved -= n
 
 
 def may_share(task: Any) -> bool:

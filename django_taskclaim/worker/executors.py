@@ -48,7 +48,7 @@ from django_taskclaim.worker.dbconn import (
 )
 from django_taskclaim.worker.deadlines import Deadlines
 from django_taskclaim.worker.exits import CRASH_WINDOW, MAX_CRASHES
-from django_taskclaim.worker.ledger import Ledger, runs_alone
+from django_taskclaim.worker.ledger import Ledger
 from django_taskclaim.worker.service import one_line
 
 logger = logging.getLogger("django_taskclaim.worker")
@@ -89,7 +89,6 @@ class Executors:
             report_fd=deadline_report,
         )
         self._bodies: dict[type, Body] = {}
-        self._plain: dict[type, tuple[Any, bool]] = {}  # sync bodies without ``cancel``
         #: Per executor thread: the outage epoch and the time of its last drop_stale().
         self._stale_seen: dict[str, tuple[int, float]] = {}
         self._grace_over = False  # async bodies cancelled at the end of the grace period
@@ -173,7 +172,6 @@ class Executors:
         if me is None:
             me = threading.current_thread().name
         label = type(task)._meta.label
-        debug = logger.isEnabledFor(logging.DEBUG)
         # A connection dead since an outage is replaced, not failed on (at once: the
         # outage epoch moved); the server hanging up an idle one is looked for at most
         # every STALE_POLL seconds (a system call per task was a tenth of its cost).
@@ -182,44 +180,13 @@ class Executors:
         if seen is None or seen[0] != epoch() or now - seen[1] >= STALE_POLL:
             drop_stale()
             self._stale_seen[me] = (epoch(), now)
-        alone = runs_alone(task)
+        alone = self.ledger.runs_alone(task)
         if alone:
-            # It may be the task that killed a worker: nothing else of this process may
-            # be lost with it. The claimer claims nothing while its body may run; wait
-            # for the rows running beside it, then for every pending completion to be
-            # written (here, or by the thread already writing it).
-            while not self.ledger.wait_alone(me, 1.0):
-                if self.halt.is_set():
-                    break
-            self.acks.flush()
-            while not self.ledger.wait_written(1.0):
-                if self.halt.is_set():
-                    break
+            self._wait_alone(me)
         flag = cancel_flag(task)  # before the body: the heartbeat may set it any time
-        handler, sync = self._handler(task, flag)
         started = time.monotonic()
-        if debug:
-            logger.debug(
-                "task started task=%s:%s attempt=%s worker=%s",
-                label,
-                task.pk,
-                task.attempts,
-                self.worker_id,
-            )
-        if flag.is_set():  # taken back between claim and start: never started
-            done = Attempt(error=ClaimLost(f"{label} pk={task.pk}: claim lost before start"))
-        else:
-            self.deadlines.arm(task)
-            done = attempt(task, handler, catch_base_exceptions=True, sync=sync)
-            timeout = self.deadlines.disarm(task)
-            if timeout is not None:  # ran past its deadline: a TimeoutError failure
-                done = self.deadlines.past(task, done, timeout)
+        done = self._attempt(task, flag, label)
         ended = time.monotonic() if self.telemetry is not None else 0.0
-        if self._grace_over and _cancelled(done):
-            # Cancelled at the end of the grace period: requeued at once, as a sync
-            # body still running then is (this attempt counts).
-            reason = f"worker {self.worker_id} stopped after its grace period"
-            done = Attempt(error=Retry(delay=0, reason=reason))
         self.ledger.finishing(me)
         lost = flag.is_set() or self.ledger.is_lost(task)
         # A lost claim's outcome is written (fenced: it affects nothing) at once, never
@@ -236,6 +203,53 @@ class Executors:
             self.ledger.history.count(task, outcome)  # done / failed, for the admin's charts
         if self.telemetry is not None:
             self.telemetry.ran(task, outcome, started, ended)
+        self._log_outcome(task, outcome, done, label, started)
+        return outcome
+
+    def _wait_alone(self, me: str) -> None:
+        """Thread ``me``'s row runs alone: it may be the task that killed a worker, and
+        nothing else of this process may be lost with it. The claimer claims nothing
+        while its body may run; wait for the rows running beside it, then for every
+        pending completion to be written (here, or by the thread already writing it)."""
+        while not self.ledger.wait_alone(me, 1.0):
+            if self.halt.is_set():
+                break
+        self.acks.flush()
+        while not self.ledger.wait_written(1.0):
+            if self.halt.is_set():
+                break
+
+    def _attempt(self, task: Claimable, flag: threading.Event, label: str) -> Attempt:
+        """Run ``task``'s body, within its deadline, unless its claim was taken back
+        before it started; return what became of it."""
+        handler, sync = self._handler(task, flag)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "task started task=%s:%s attempt=%s worker=%s",
+                label,
+                task.pk,
+                task.attempts,
+                self.worker_id,
+            )
+        if flag.is_set():  # taken back between claim and start: never started
+            return Attempt(error=ClaimLost(f"{label} pk={task.pk}: claim lost before start"))
+        self.deadlines.arm(task)
+        done = attempt(task, handler, catch_base_exceptions=True, sync=sync)
+        timeout = self.deadlines.disarm(task)
+        if timeout is not None:  # ran past its deadline: a TimeoutError failure
+            done = self.deadlines.past(task, done, timeout)
+        if self._grace_over and _cancelled(done):
+            # Cancelled at the end of the grace period: requeued at once, as a sync
+            # body still running then is (this attempt counts).
+            reason = f"worker {self.worker_id} stopped after its grace period"
+            done = Attempt(error=Retry(delay=0, reason=reason))
+        return done
+
+    def _log_outcome(
+        self, task: Claimable, outcome: Outcome, done: Attempt, label: str, started: float
+    ) -> None:
+        """Say what became of ``task``: a lost claim, a retry (with why), else the
+        outcome (a deferred one once its completion is written)."""
         if outcome is Outcome.LOST or self.ledger.is_lost(task):
             logger.warning(
                 "claim lost task=%s:%s attempt=%s worker=%s: its writes did not land",
@@ -269,20 +283,16 @@ class Executors:
                 self.worker_id,
                 time.monotonic() - started,
             )
-        return outcome
 
     def _handler(self, task: Claimable, flag: threading.Event) -> tuple[Any, bool]:
         """The callable :func:`~django_taskclaim.settle.outcome.attempt` runs for ``task``,
         and whether it is known to be a plain function (no coroutine to run)."""
         model = cast(type[Model], type(task))  # model_of(), without the call
-        plain = self._plain.get(model)
-        if plain is not None:  # a sync body without the cancel flag: the usual
-            return plain
         body = self._bodies.get(model)
         if body is None:
             body = self._bodies[model] = Body.of(self.config.handlers[model])
-            if not body.is_async and not body.wants_cancel:
-                self._plain[model] = (body.handler, True)
+        if body.plain is not None:  # a sync body without the cancel flag: the usual
+            return body.plain
         kwargs = body.kwargs(flag) if body.wants_cancel else None
         if body.is_async and not get_options(model).atomic:
             return (lambda t: self.loop.run(body.handler, t, kwargs or {})), True

@@ -24,21 +24,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from django_taskclaim.claim.base import was_recovered
 from django_taskclaim.model.claimable import Claimable
 from django_taskclaim.worker.history import History
-
-#: Set by the claimer on a recovered row that may run beside other rows (a crash of its
-#: process could not use up its attempts: see :func:`~.claimer.may_share`); the ledger
-#: and the executors then treat it as a row that was never lost.
-SHARES_ATTR = "_taskclaim_may_share"
-
-
-def runs_alone(task: Any) -> bool:
-    """Whether ``task`` must run alone in its process: a recovered row
-    (:func:`~django_taskclaim.claim.was_recovered`) that the claimer did not mark
-    as one that may share (:data:`SHARES_ATTR`)."""
-    return was_recovered(task) and not getattr(task, SHARES_ATTR, False)
 
 
 class Ledger:
@@ -46,24 +33,19 @@ class Ledger:
     per executor thread) and ``acks`` (run, completion not written yet).
 
     ``capacity`` bounds claimed + running: the claimer never holds more rows than the
-    executors can start soon (``--concurrency`` × ``--batch``). ``max_tasks`` (or None)
-    bounds the rows claimed over the process's life."""
+    executors can start soon (``--concurrency`` × ``--batch``). Which row runs alone (a
+    recovered row near its last attempt) the claimer decides, once, and says so to
+    :meth:`add_claimed`; how many rows it may claim at all (``--max-tasks``) is its own
+    count (:class:`~.claimer.Budget`)."""
 
     def __init__(
         self,
         *,
         capacity: int,
         claim_size: int,
-        max_tasks: int | None = None,
-        recovered: Callable[[Any], bool] = lambda task: False,
     ) -> None:
         self.capacity = capacity
-        # rows that run alone: recovered ones, less those the claimer let share
-        self.recovered: Callable[[Any], bool] = lambda task: (
-            recovered(task) and not getattr(task, SHARES_ATTR, False)
-        )
         self.claim_size = claim_size
-        self.max_tasks = max_tasks
         self._lock = threading.Lock()
         # One lock, three kinds of waiters (see _wake): the claimer (room), executors
         # (rows to take), and everything else (idle, alone, written, settled).
@@ -80,9 +62,7 @@ class Ledger:
         self._writing: dict[int, Any] = {}  # acks taken by a writer, not written yet
         self._acks_since: float | None = None
         self._lost: set[tuple[type, Any, int]] = set()
-        self._reserved = 0
-        self._held_recovered = 0  # claimed or running rows that are recovered
-        self._alone: set[int] = set()  # id() of those rows, decided once when queued
+        self._alone: set[int] = set()  # id() of the claimed or running rows that run alone
         # threads whose recovered row's body returned, outcome not written yet
         self._recovered_finishing: set[str] = set()
         self._closed = False
@@ -100,7 +80,7 @@ class Ledger:
             return self._room()
 
     def _room(self) -> int:
-        if self._closed or self._held_recovered > len(self._recovered_finishing):
+        if self._closed or len(self._alone) > len(self._recovered_finishing):
             return 0  # a recovered row runs alone: nothing more is claimed meanwhile
         # A row whose body has returned frees its slot: the next one is claimed while its
         # outcome is written, so a short task's executor does not wait for a claim.
@@ -135,41 +115,30 @@ class Ledger:
         if self._watching:
             self._changed.notify_all()
 
-    def reserve(self, n: int) -> int:
-        """Take up to ``n`` rows from the ``max_tasks`` budget; return how many."""
-        with self._lock:
-            if self.max_tasks is None:
-                return n
-            n = max(0, min(n, self.max_tasks - self._reserved))
-            self._reserved += n
-            return n
-
-    def unreserve(self, n: int) -> None:
-        """Give back ``n`` reserved rows that were not claimed."""
-        if self.max_tasks is not None and n:
-            with self._lock:
-                self._reserved -= n
-
-    def add_claimed(self, rows: list[Any]) -> bool:
-        """Queue freshly claimed rows for the executors, in claim order. Returns False,
-        queuing nothing, once the ledger is stopped: the caller releases them."""
+    def add_claimed(self, rows: list[Any], *, alone: Any = None) -> bool:
+        """Queue freshly claimed rows for the executors, in claim order; ``alone``, one
+        of them, runs alone (:meth:`wait_alone`): nothing more is claimed while its body
+        may run. Returns False, queuing nothing, once the ledger is stopped: the caller
+        releases them."""
         with self._lock:
             if self._stopped:
                 return False
             self._claimed.extend(rows)
-            alone = [id(t) for t in rows if self.recovered(t)]
-            if alone:
-                self._alone.update(alone)
-                self._held_recovered += len(alone)
+            if alone is not None:
+                self._alone.add(id(alone))
             self._wake(rows=len(rows))
             return True
+
+    def runs_alone(self, task: Any) -> bool:
+        """Whether held ``task`` was queued to run alone (see :meth:`add_claimed`)."""
+        return bool(self._alone) and id(task) in self._alone  # no lock: one set lookup
 
     def holds_recovered(self) -> bool:
         """Whether a recovered row is claimed or running its body here (one whose body
         has returned does not count: the next may be claimed while its outcome is
         written, and starts once that is written: see :meth:`take`)."""
         with self._lock:
-            return self._held_recovered > len(self._recovered_finishing)
+            return len(self._alone) > len(self._recovered_finishing)
 
     def in_flight(self) -> int:
         """Rows claimed or running in this process."""
@@ -186,7 +155,11 @@ class Ledger:
         """Block until nothing is claimed or running (or ``timeout``); return whether so."""
         return self._wait_while(lambda: bool(self._claimed or self._running), timeout)
 
-    def _wait_while(self, busy: Callable[[], bool], timeout: float) -> bool:
+    def _wait_while(
+        self, busy: Callable[[], bool], timeout: float, then: Callable[[], bool] | None = None
+    ) -> bool:
+        """Wait while ``busy()`` (the lock held), up to ``timeout``; False if it still is,
+        else True, or what ``then()`` says with the lock still held."""
         deadline = time.monotonic() + timeout
         with self._lock:
             while busy():
@@ -194,7 +167,7 @@ class Ledger:
                 if left <= 0:
                     return False
                 self._watch(left)
-            return True
+            return True if then is None else then()
 
     def _watch(self, timeout: float) -> None:
         """Wait (the lock held) for any change, or ``timeout``."""
@@ -260,14 +233,11 @@ class Ledger:
         """Block until thread ``me``'s row is the only one running (or ``timeout``, or a
         stop); return whether it is. A recovered row may be the one that killed a
         worker: it starts only once the rows running beside it have settled."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while len(self._running) > 1 and not self._stopped:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._watch(left)
-            return len(self._running) == 1
+        return self._wait_while(
+            lambda: len(self._running) > 1 and not self._stopped,
+            timeout,
+            then=lambda: len(self._running) == 1,
+        )
 
     def finishing(self, me: str) -> None:
         """Thread ``me``'s body has returned; its outcome is being written. The row stays
@@ -294,9 +264,8 @@ class Ledger:
             self._wake(rows=-1 if unblocked and not self._recovered_finishing else 0)
 
     def _forget(self, task: Claimable) -> None:
-        if self._alone and id(task) in self._alone:
+        if self._alone:
             self._alone.discard(id(task))
-            self._held_recovered -= 1
 
     def defer_ack(self, task: Claimable) -> bool:
         """Buffer a completion to be written with others; return True if it is the

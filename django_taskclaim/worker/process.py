@@ -38,7 +38,6 @@ from typing import Any
 from django.db import connections
 from django.db.models import Model
 
-from django_taskclaim.claim.base import was_recovered
 from django_taskclaim.db import default_worker_id
 from django_taskclaim.settle.deadline import uses_deadlines
 from django_taskclaim.worker.acks import Acks
@@ -102,8 +101,6 @@ class Worker:
         self.ledger = Ledger(
             capacity=config.concurrency * config.batch,
             claim_size=max(config.batch, config.concurrency),
-            max_tasks=config.max_tasks,
-            recovered=was_recovered,
         )
         self.acks = Acks(
             self.ledger,

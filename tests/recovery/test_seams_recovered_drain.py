@@ -19,9 +19,9 @@ import pytest
 from django.db.models import Max
 from django.utils import timezone
 
-from django_taskclaim.claim.base import RECOVERED_ATTR, was_recovered
+from django_taskclaim.claim.base import RECOVERED_ATTR
 from django_taskclaim.db import DbNow
-from django_taskclaim.worker.ledger import SHARES_ATTR, Ledger
+from django_taskclaim.worker.ledger import Ledger
 from tests.support.helpers import wait_for
 from tests.support.testapp.models import Document
 from tests.support.worker_procs import WorkerProc, stop_all
@@ -165,10 +165,9 @@ def test_a_poison_among_recovered_rows_that_share_dead_letters_no_one_else(procs
     assert sup.alive()
 
 
-def row(pk: int, *, recovered: bool = False, shares: bool = False) -> SimpleNamespace:
+def row(pk: int, *, recovered: bool = False) -> SimpleNamespace:
     task = SimpleNamespace(pk=pk, version=1)
     setattr(task, RECOVERED_ATTR, recovered)
-    setattr(task, SHARES_ATTR, shares)
     return task
 
 
@@ -176,24 +175,24 @@ def test_a_lone_rows_successor_is_claimed_as_its_outcome_is_written_and_starts_a
     """Pure ledger logic: while a row that runs alone may still run its body nothing is
     claimed; once its body returned the next row may be claimed (its outcome write and
     that claim overlap) but nothing starts before that outcome is written."""
-    ledger = Ledger(capacity=8, claim_size=4, recovered=was_recovered)
+    ledger = Ledger(capacity=8, claim_size=4)
     alone, after = row(1, recovered=True), row(2, recovered=True)
-    ledger.add_claimed([alone])
+    ledger.add_claimed([alone], alone=alone)
     assert ledger.room() == 0
     assert ledger.take("a", timeout=0) is alone
     assert ledger.room() == 0  # its body may run: nothing more is claimed
     ledger.finishing("a")
     assert ledger.room() == 4
     assert not ledger.holds_recovered()  # the claimer may keep the next one to run alone
-    ledger.add_claimed([after])
+    ledger.add_claimed([after], alone=after)
     assert ledger.take("b", timeout=0.05) is None  # its outcome is not written yet
     ledger.settled("a")
     assert ledger.take("b", timeout=0) is after
 
 
 def test_recovered_rows_that_may_share_do_not_close_the_claim():
-    ledger = Ledger(capacity=8, claim_size=4, recovered=was_recovered)
-    ledger.add_claimed([row(1, recovered=True, shares=True), row(2)])
+    ledger = Ledger(capacity=8, claim_size=4)
+    ledger.add_claimed([row(1, recovered=True), row(2)])  # the claimer let row 1 share
     assert ledger.room() == 4  # capacity 8, two claimed: a full claim fits
     assert not ledger.holds_recovered()
     assert ledger.take("a", timeout=0).pk == 1

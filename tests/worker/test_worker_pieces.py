@@ -20,6 +20,7 @@ from django_taskclaim.settle.outcome import Attempt, TaskAborted, attempt, settl
 from django_taskclaim.worker import EXIT_BROKEN, EXIT_OK, Worker, WorkerConfig
 from django_taskclaim.worker import acks as acks_module
 from django_taskclaim.worker.acks import Acks
+from django_taskclaim.worker.claimer import Budget
 from django_taskclaim.worker.executors import Executors
 from django_taskclaim.worker.exits import MAX_CRASHES
 from django_taskclaim.worker.ledger import Ledger
@@ -94,13 +95,13 @@ def test_a_closed_ledger_still_hands_out_what_it_holds():
     assert ledger.take("b", timeout=0) is None
 
 
-def test_ledger_budget_of_max_tasks():
-    ledger = Ledger(capacity=10, claim_size=10, max_tasks=12)
-    assert ledger.reserve(10) == 10
-    assert ledger.reserve(10) == 2
-    assert ledger.reserve(10) == 0  # spent
-    ledger.unreserve(5)  # five were not found
-    assert ledger.reserve(10) == 5
+def test_claimer_budget_of_max_tasks():
+    budget = Budget(12)
+    assert budget.reserve(10) == 10
+    assert budget.reserve(10) == 2
+    assert budget.reserve(10) == 0  # spent
+    budget.unreserve(5)  # five were not found
+    assert budget.reserve(10) == 5
 
 
 def test_ledger_acks_wait_for_the_window_or_the_size():
@@ -142,8 +143,9 @@ def test_ledger_lost_rows():
 
 
 def test_a_recovered_row_stops_claims_and_waits_to_run_alone():
-    ledger = Ledger(capacity=10, claim_size=2, recovered=lambda t: t.pk == 9)
-    ledger.add_claimed([row(1), row(9)])
+    ledger = Ledger(capacity=10, claim_size=2)
+    recovered = row(9)
+    ledger.add_claimed([row(1), recovered], alone=recovered)
     assert ledger.room() == 0  # nothing more is claimed while it is held
     assert ledger.holds_recovered()
     ledger.take("a", timeout=0)
