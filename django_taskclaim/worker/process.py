@@ -19,18 +19,14 @@ worker gives up after :data:`~.preflight.BURST_WAIT` seconds, at start or when e
 claim fails (:data:`~.exits.EXIT_UNAVAILABLE`).
 
 A supervised process (``parent`` given) never outlives its supervisor: when the
-supervisor is gone (``SIGHUP`` from ``PR_SET_PDEATHSIG`` on Linux, and a parent-pid
-check every second everywhere) it stops at once, without a grace period: unstarted rows
-are released and running rows requeued, fenced, as when ``--grace`` runs out.
+supervisor is gone it stops at once, without a grace period: unstarted rows are
+released and running rows requeued, fenced, as when ``--grace`` runs out. The signals,
+the stop's events and the watch of the supervisor are :mod:`.stopping`'s.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,7 +42,6 @@ from django_taskclaim.worker.config import WorkerConfig
 from django_taskclaim.worker.executors import Executors
 from django_taskclaim.worker.exits import (
     EXIT_BROKEN,
-    EXIT_FORCED,
     EXIT_GRACE_EXPIRED,
     EXIT_OK,
     EXIT_UNAVAILABLE,
@@ -62,15 +57,13 @@ from django_taskclaim.worker.maintenance.scheduler import Scheduler
 from django_taskclaim.worker.preflight import BURST_WAIT, refusal
 from django_taskclaim.worker.scope import Scope
 from django_taskclaim.worker.service import Outage, Service
+from django_taskclaim.worker.stopping import Stop
 
 logger = logging.getLogger("django_taskclaim.worker")
 
 #: Seconds async bodies cancelled at the end of the grace period get to end (their
 #: ``finally`` blocks, their requeue) before the rows still running are requeued.
 CANCEL_WAIT = 2.0
-
-#: The signal a supervised process gets when its supervisor dies (``PR_SET_PDEATHSIG``).
-PARENT_DEATH_SIGNAL = signal.SIGHUP
 
 
 class Worker:
@@ -90,13 +83,11 @@ class Worker:
         self.parent = parent
         self.using = config.using
         self.worker_id = config.worker_id or default_worker_id()
-        self._stopping = threading.Event()  # no new claims, nothing new started
-        self._halt = threading.Event()  # the threads end (the services' stop event)
-        self._main_wake = threading.Event()
-        self._stop_reason = ""
-        self._signals = 0
+        self._stop = Stop(self.worker_id, parent, wake=lambda: self.claimer.wake.set())
+        self._stopping = self._stop.stopping  # no new claims, nothing new started
+        self._halt = self._stop.halt  # the threads end (the services' stop event)
+        self._main_wake = self._stop.main_wake
         self._broken = False
-        self._orphaned = False
         self._gave_up = False
         self.ledger = Ledger(
             capacity=config.concurrency * config.batch,
@@ -130,18 +121,7 @@ class Worker:
             give_up_after=BURST_WAIT if config.burst else None,
             warn_first=False,
         )
-        self.claimer = Claimer(
-            config,
-            self.ledger,
-            self.acks,
-            worker_id=self.worker_id,
-            queryset=self.scope.queryset,
-            work_left=self.scope.work_left,
-            release=self.handback.release,
-            stopping=self._stopping,
-            outage=self.claim_outage,
-            lease_report=self.lease_report,
-        )
+        self.claimer = self._claimer()
         self.executors = Executors(
             config,
             self.ledger,
@@ -153,6 +133,21 @@ class Worker:
         )
         #: The background services (heartbeat, reaping, scheduler, listener), once started.
         self._services: list[Service] = []
+
+    def _claimer(self) -> Claimer:
+        """The one thread of this process that claims (started by :meth:`_start`)."""
+        return Claimer(
+            self.config,
+            self.ledger,
+            self.acks,
+            worker_id=self.worker_id,
+            queryset=self.scope.queryset,
+            work_left=self.scope.work_left,
+            release=self.handback.release,
+            stopping=self._stopping,
+            outage=self.claim_outage,
+            lease_report=self.lease_report,
+        )
 
     # -- public -------------------------------------------------------------------------
     @property
@@ -166,33 +161,17 @@ class Worker:
 
     def request_stop(self, reason: str = "requested") -> None:
         """Begin a graceful stop: no new claims, unstarted rows released, grace starts."""
-        if not self._stopping.is_set():
-            self._stop_reason = reason
-            self._stopping.set()
-        self.claimer.wake.set()
-        self._main_wake.set()
+        self._stop.request(reason)
 
     def run(self, announce: Callable[[], None] | None = None) -> int:
         """Run until stopped; return an exit code (see :data:`~.exits.EXIT_CODES`).
 
         ``announce`` (e.g. printing :meth:`describe`) is called once the signal handlers
         are in place: from then on SIGTERM means a graceful stop."""
-        in_main = threading.current_thread() is threading.main_thread()
-        previous: dict[int, Any] = {}
-        if in_main:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                previous[sig] = signal.signal(sig, self._on_signal)
-            if self.parent is not None:
-                previous[PARENT_DEATH_SIGNAL] = signal.signal(
-                    PARENT_DEATH_SIGNAL, self._on_parent_signal
-                )
-        try:
+        with self._stop.signals_handled():
             if announce is not None:
                 announce()
             return self._run()
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
 
     def queryset(self, model: type[Model]) -> Any:
         """The rows of ``model`` this worker serves (``--queue`` applied)."""
@@ -246,7 +225,7 @@ class Worker:
                 continue  # they crashed: replaced (or found broken) at the top of the loop
             now = time.monotonic()
             self._check_limits(now - started)
-            if self._orphaned and grace_deadline is not None:
+            if self._stop.orphaned and grace_deadline is not None:
                 grace_deadline = min(grace_deadline, now)
             if self._stopping.is_set():
                 if grace_deadline is None:
@@ -269,12 +248,12 @@ class Worker:
             self._gave_up = True
             logger.error("%s worker=%s", self.claim_outage.give_up_line(self.using), self.worker_id)
             self.request_stop("database unavailable")
-        self._check_parent()
+        self._stop.check_parent()
 
     def _begin_grace(self) -> float:
         """The stop begins: nothing more is started, unstarted rows are given back;
         return the grace (seconds) the running ones get."""
-        grace = 0.0 if self._orphaned else self.config.grace
+        grace = 0.0 if self._stop.orphaned else self.config.grace
         self.ledger.stop()
         self.handback.release(self.ledger.take_unstarted())
         running = len(self.ledger.running())
@@ -282,7 +261,7 @@ class Worker:
             logger.info(
                 "stopping worker=%s reason=%s running=%s grace=%ss",
                 self.worker_id,
-                self._stop_reason,
+                self._stop.reason,
                 running,
                 grace,
             )
@@ -399,40 +378,5 @@ class Worker:
         self.handback.notify_ready(self.config.models)
         self.claimer.wake.set()
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        self._signals += 1
-        name = signal.Signals(signum).name
-        if self._signals > 1:
-            logger.warning(
-                "second %s: exiting now worker=%s (leases recover the held rows)",
-                name,
-                self.worker_id,
-            )
-            for handler in logging.getLogger().handlers + logger.handlers:
-                try:
-                    handler.flush()
-                except Exception:
-                    pass
-            sys.stderr.flush()
-            os._exit(EXIT_FORCED)
-        logger.info("%s received: stopping worker=%s", name, self.worker_id)
-        self.request_stop(name)
-
     def _on_notify(self, label: str | None) -> None:
         self.claimer.wake.set()
-
-    def _on_parent_signal(self, signum: int, frame: Any) -> None:
-        self._check_parent()
-        self._main_wake.set()
-
-    def _check_parent(self) -> None:
-        """Stop at once, without grace, when the supervisor is gone (our parent changed)."""
-        if self.parent is None or self._orphaned or os.getppid() == self.parent:
-            return
-        self._orphaned = True
-        logger.warning(
-            "supervisor gone (pid %s): stopping now worker=%s, giving back the rows held",
-            self.parent,
-            self.worker_id,
-        )
-        self.request_stop("supervisor gone")

@@ -67,7 +67,8 @@ from django_taskclaim.recovery.reap import release_worker
 from django_taskclaim.worker.config import WorkerConfig
 from django_taskclaim.worker.exits import EXIT_FORCED, EXIT_OK, EXIT_UNAVAILABLE
 from django_taskclaim.worker.maintenance.registry import mark_stopped
-from django_taskclaim.worker.process import PARENT_DEATH_SIGNAL, Worker
+from django_taskclaim.worker.process import Worker
+from django_taskclaim.worker.stopping import PARENT_DEATH_SIGNAL
 
 logger = logging.getLogger("django_taskclaim.supervisor")
 

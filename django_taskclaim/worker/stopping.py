@@ -1,0 +1,105 @@
+"""How one worker process begins to stop: the events its threads watch, the signals
+that start a graceful stop (the second exits at once), and the supervisor it must not
+outlive.
+
+A supervised process (``parent`` given) never outlives its supervisor: when the
+supervisor is gone (``SIGHUP`` from ``PR_SET_PDEATHSIG`` on Linux, and a parent-pid
+check every second everywhere) it stops at once, without a grace period (see
+:mod:`.process`: what a stop then does, and the grace).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django_taskclaim.worker.exits import EXIT_FORCED
+
+logger = logging.getLogger("django_taskclaim.worker")
+
+#: The signal a supervised process gets when its supervisor dies (``PR_SET_PDEATHSIG``).
+PARENT_DEATH_SIGNAL = signal.SIGHUP
+
+
+class Stop:
+    """The stop of one worker process (``worker_id``, supervised by ``parent`` or
+    ``None``); ``wake`` is called on every request, to wake the claimer."""
+
+    def __init__(self, worker_id: str, parent: int | None, wake: Callable[[], None]) -> None:
+        self.worker_id = worker_id
+        self.parent = parent
+        self._wake = wake
+        self.stopping = threading.Event()  # no new claims, nothing new started
+        self.halt = threading.Event()  # the threads end (the services' stop event)
+        self.main_wake = threading.Event()  # the main loop looks now
+        self.reason = ""
+        #: The supervisor is gone: stop at once, without grace.
+        self.orphaned = False
+        self._signals = 0
+
+    def request(self, reason: str = "requested") -> None:
+        """Begin a graceful stop: no new claims, unstarted rows released, grace starts."""
+        if not self.stopping.is_set():
+            self.reason = reason
+            self.stopping.set()
+        self._wake()
+        self.main_wake.set()
+
+    @contextmanager
+    def signals_handled(self) -> Iterator[None]:
+        """SIGTERM / SIGINT (and, supervised, :data:`PARENT_DEATH_SIGNAL`) handled here
+        while in the block, if this is the main thread (else none is)."""
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self._on_signal)
+            if self.parent is not None:
+                previous[PARENT_DEATH_SIGNAL] = signal.signal(
+                    PARENT_DEATH_SIGNAL, self._on_parent_signal
+                )
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signals += 1
+        name = signal.Signals(signum).name
+        if self._signals > 1:
+            logger.warning(
+                "second %s: exiting now worker=%s (leases recover the held rows)",
+                name,
+                self.worker_id,
+            )
+            for handler in logging.getLogger().handlers + logger.handlers:
+                try:
+                    handler.flush()
+                except Exception:
+                    pass
+            sys.stderr.flush()
+            os._exit(EXIT_FORCED)
+        logger.info("%s received: stopping worker=%s", name, self.worker_id)
+        self.request(name)
+
+    def _on_parent_signal(self, signum: int, frame: Any) -> None:
+        self.check_parent()
+        self.main_wake.set()
+
+    def check_parent(self) -> None:
+        """Stop at once, without grace, when the supervisor is gone (our parent changed)."""
+        if self.parent is None or self.orphaned or os.getppid() == self.parent:
+            return
+        self.orphaned = True
+        logger.warning(
+            "supervisor gone (pid %s): stopping now worker=%s, giving back the rows held",
+            self.parent,
+            self.worker_id,
+        )
+        self.request("supervisor gone")
