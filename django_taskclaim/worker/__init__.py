@@ -22,8 +22,13 @@ for the diagram and the life of a task through them):
   (``LISTEN`` wake-ups);
 - :mod:`.scope` — the rows served (``--queue``), what is left of them, the wake-up mode;
 - :mod:`.handback` — rows given back: unstarted ones at once, running ones after grace;
-- :mod:`.process` — :class:`Worker`: the wiring, the main loop, signals and grace;
-- :mod:`.supervisor` — ``--processes N``: forks, restarts, releases a dead child's rows;
+- :mod:`.process` — :class:`Worker`: the wiring, the main loop and grace;
+- :mod:`.stopping` — how a process begins to stop: its events, signals, the supervisor
+  it must not outlive;
+- :mod:`.supervisor` — ``--processes N``: forks and restarts;
+- :mod:`.childwatch` — the supervisor's watch of its children's pipes: it kills a child
+  before its leases can lapse, or whose body ran past its deadline;
+- :mod:`.childexit` — a dead child's rows released at once, its registry row stopped;
 - :mod:`.preflight` — waiting for the database and checking its schema before a start;
 - :mod:`.dbconn` — connection trouble, backoff, the waits a reconnect ends;
 - :mod:`.exits` — exit codes.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 EXIT_OK = 0
 EXIT_CONFIG = 1
 EXIT_USAGE = 2
@@ -26,3 +28,13 @@ EXIT_CODES = {
 #: gives up with :data:`EXIT_BROKEN`.
 MAX_CRASHES = 5
 CRASH_WINDOW = 60.0
+
+
+def describe_exit(code: int) -> str:
+    """``signal SIGKILL`` or ``exit code 5``, from :func:`os.waitstatus_to_exitcode`."""
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
