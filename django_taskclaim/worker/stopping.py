@@ -25,6 +25,20 @@ logger = logging.getLogger("django_taskclaim.worker")
 
 #: The signal a supervised process gets when its supervisor dies (``PR_SET_PDEATHSIG``).
 PARENT_DEATH_SIGNAL = signal.SIGHUP
+#: The signals that stop a worker (the second one: at once).
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
+#: Stop signals a freshly forked child got before its worker handled them.
+_early: list[int] = []
+
+
+def hold_early_stop() -> None:
+    """In a supervised child just forked: keep any stop signal that comes before its
+    worker's handlers are in place (:meth:`Stop.signals_handled` then acts on it), instead
+    of the supervisor's handler it inherited."""
+    _early.clear()
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda signum, frame: _early.append(signum))
 
 
 class Stop:
@@ -63,6 +77,8 @@ class Stop:
                 previous[PARENT_DEATH_SIGNAL] = signal.signal(
                     PARENT_DEATH_SIGNAL, self._on_parent_signal
                 )
+            while _early:  # came between the fork and now
+                self._on_signal(_early.pop(0), None)
         try:
             yield
         finally:

@@ -46,7 +46,7 @@ from django_taskclaim.worker.childwatch import WATCH_POLL, ChildWatch
 from django_taskclaim.worker.config import WorkerConfig
 from django_taskclaim.worker.exits import EXIT_FORCED, EXIT_OK, EXIT_UNAVAILABLE, describe_exit
 from django_taskclaim.worker.process import Worker
-from django_taskclaim.worker.stopping import PARENT_DEATH_SIGNAL
+from django_taskclaim.worker.stopping import PARENT_DEATH_SIGNAL, STOP_SIGNALS, hold_early_stop
 
 logger = logging.getLogger("django_taskclaim.supervisor")
 
@@ -108,23 +108,34 @@ class Supervisor:
         self._failures: dict[int, int] = {}  # index -> consecutive fast failures
         self._code = EXIT_OK
 
-    def _spawn(self, index: int) -> int:
+    def _spawn(self, index: int) -> int | None:
+        """Fork child ``index``; ``None`` (nothing forked) once the stop has begun.
+
+        The stop signals are blocked from the last look at the stop to the child's
+        registration: a SIGTERM that arrives meanwhile is handled right after, so it is
+        passed on to the new child as well (before, a child forked then was never told
+        and the supervisor waited for it forever). The child keeps them blocked until it
+        holds any that came in for its worker (:func:`~.stopping.hold_early_stop`)."""
         connections.close_all()
         sys.stdout.flush()
         sys.stderr.flush()
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        if self._stopping:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            return None
         read_end, write_end = os.pipe() if self.watch else (-1, -1)
         pid = os.fork()
         if pid == 0:  # child
             code = 1
             try:
+                hold_early_stop()
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
                 if self.watch:
                     self.watch.in_child(read_end)
                     self.report_fd = write_end
                 die_with_parent(PARENT_DEATH_SIGNAL)
                 if os.getppid() != self.pid:  # the supervisor died before that
                     os._exit(EXIT_OK)
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
                 code = int(self.target(index))
             except BaseException as exc:  # never return into the supervisor's loop
                 logger.error("worker process crashed index=%s error=%r", index, exc, exc_info=exc)
@@ -135,10 +146,13 @@ class Supervisor:
                     sys.stderr.flush()
                 finally:
                     os._exit(code)
-        self.children[pid] = (index, time.monotonic())
-        if self.watch:
-            self.watch.started(pid, read_end, write_end)
-        logger.info("worker process started index=%s pid=%s", index, pid)
+        try:
+            self.children[pid] = (index, time.monotonic())
+            if self.watch:
+                self.watch.started(pid, read_end, write_end)
+            logger.info("worker process started index=%s pid=%s", index, pid)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return pid
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -254,9 +268,8 @@ class Supervisor:
         deadline = time.monotonic() + delay
         while not self._stopping and time.monotonic() < deadline:
             self._pause(min(0.2, deadline - time.monotonic()))
-        if not self._stopping:
+        if not self._stopping and self._spawn(index) is not None:
             self.restarts += 1
-            self._spawn(index)
 
 
 def supervise(
