@@ -25,10 +25,8 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.timing import median_ms  # noqa: E402
 
 ADMIN_URL = os.environ.get(
     "TASKCLAIM_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -95,16 +95,6 @@ def _load(rows: int, ready: int, failed_pct: float) -> float:
     return time.perf_counter() - t0
 
 
-def _median_ms(fn: Callable[[], Any], repeat: int) -> tuple[float, list[float]]:
-    fn()  # warm-up: template loading, the first plans
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000)
-    return round(statistics.median(times), 1), [round(t, 1) for t in times]
-
-
 PAGES = {
     "changelist": "",
     "failed filter": "?taskclaim_status=failed",
@@ -130,7 +120,7 @@ def _measure(case: str, repeat: int) -> list[dict[str, Any]]:
             if response.status_code != 200:
                 raise SystemExit(f"{page} answered {response.status_code}")
 
-        ms, runs = _median_ms(get, repeat)
+        ms, runs = median_ms(get, repeat)
         with CaptureQueriesContext(connection) as queries:
             get()
         slowest = sorted(queries.captured_queries, key=lambda q: float(q["time"]), reverse=True)[:4]

@@ -28,10 +28,8 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,9 @@ ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
 DB_NAME = "taskclaim_bench_dashboard"
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.timing import median_ms  # noqa: E402
+
 os.environ["DJANGO_SETTINGS_MODULE"] = "tests.support.settings"
 os.environ["TASKCLAIM_TEST_DB"] = "postgres"
 os.environ["TASKCLAIM_TEST_DB_NAME"] = DB_NAME
@@ -104,16 +105,6 @@ def _load(finished: int, ready: int, queues: int, spread_hours: float) -> float:
     return time.perf_counter() - t0
 
 
-def _median_ms(fn: Callable[[], Any], repeat: int) -> tuple[float, list[float]]:
-    fn()  # warm-up: template loading, the first plans
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000)
-    return round(statistics.median(times), 1), [round(t, 1) for t in times]
-
-
 def _measure(case: str, repeat: int) -> dict[str, Any]:
     from django.contrib import admin
     from django.contrib.auth import get_user_model
@@ -138,9 +129,9 @@ def _measure(case: str, repeat: int) -> dict[str, Any]:
 
     request = RequestFactory().get(url)
     request.user = user
-    page_ms, page_runs = _median_ms(page, repeat)
-    charts_ms, _ = _median_ms(lambda: model_charts(Errand), repeat)
-    figures_ms, _ = _median_ms(lambda: dashboard_context(request, admin.site), repeat)
+    page_ms, page_runs = median_ms(page, repeat)
+    charts_ms, _ = median_ms(lambda: model_charts(Errand), repeat)
+    figures_ms, _ = median_ms(lambda: dashboard_context(request, admin.site), repeat)
     with CaptureQueriesContext(connection) as queries:
         page()
     charts = model_charts(Errand)

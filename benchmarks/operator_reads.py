@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -48,6 +47,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.timing import median_ms  # noqa: E402
 
 TARGET_MS = 100.0
 TOKEN = "bench-token"
@@ -129,16 +130,6 @@ def _refresh_busy() -> None:
         )
 
 
-def _median_ms(fn: Callable[[], Any], repeat: int) -> tuple[float, list[float]]:
-    fn()  # warm-up: template loading, the first plans
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000)
-    return round(statistics.median(times), 1), [round(t, 1) for t in times]
-
-
 def _measure(case: str, repeat: int) -> dict[str, Any]:
     from django.contrib.auth import get_user_model
     from django.core.management import CommandError, call_command
@@ -192,7 +183,7 @@ def _measure(case: str, repeat: int) -> dict[str, Any]:
         ("stats_all", stats),
     ):
         try:
-            row[f"{name}_ms"], row[f"{name}_runs_ms"] = _median_ms(fn, repeat)
+            row[f"{name}_ms"], row[f"{name}_runs_ms"] = median_ms(fn, repeat)
         except CommandError:  # an older tree: taskclaim_stats without --exact
             row[f"{name}_ms"], row[f"{name}_runs_ms"] = float("nan"), []
     row["met"] = all(row[f"{n}_ms"] <= TARGET_MS for n in ("scrape", "dashboard", "stats"))
