@@ -27,14 +27,15 @@ def _held_by(
 ) -> tuple[float, models.QuerySet, Callable[[], set[Any]]]:
     """For a lease write on ``tasks``: the lease (validated), their rows still under
     each task's token (the fence), and a plain read of which of them are still
-    ``processing`` under it (no lock waited for: MVCC)."""
+    ``processing`` under it, as ``(pk, token)`` pairs (no lock waited for: MVCC). Pairs,
+    not keys: an earlier attempt of a row held beside its current claim is lost."""
     opts = get_options(model)
     lease = validate_lease(opts.lease if seconds is None else seconds)
     tokens = [(t.pk, t.version) for t in tasks]
     base = model._base_manager.using(using)
     fenced = base.filter(held_q(opts, tokens, using))
     rows = base.filter(held_q(opts, tokens))
-    return lease, fenced, lambda: set(rows.values_list("pk", flat=True))
+    return lease, fenced, lambda: set(rows.values_list("pk", "version"))
 
 
 def extend_leases(
@@ -57,7 +58,7 @@ def extend_leases(
     if n == len(tasks):
         return []
     still = alive()
-    return [t for t in tasks if t.pk not in still]
+    return [t for t in tasks if (t.pk, t.version) not in still]
 
 
 def renew_leases(
@@ -87,16 +88,18 @@ def renew_leases(
 
         def renew() -> set[Any]:
             with transaction.atomic(using=using):
-                pks = list(fenced.select_for_update(skip_locked=True).values_list("pk", flat=True))
-                if pks:
-                    base.filter(pk__in=pks).update(locked_until=until)
-            return set(pks)
+                held = list(fenced.select_for_update(skip_locked=True).values_list("pk", "version"))
+                if held:
+                    base.filter(pk__in=[pk for pk, _ in held]).update(locked_until=until)
+            return set(held)
 
         renewed = retry_transient(renew, using, what="renew leases")
         if len(renewed) == len(tasks):
             return [], []
     alive = alive_now()  # tells lost from busy
-    lost = [t for t in tasks if t.pk not in alive]
+    lost = [t for t in tasks if (t.pk, t.version) not in alive]
     if renewed is None:
         return lost, []
-    return lost, [t for t in tasks if t.pk in alive and t.pk not in renewed]
+    return lost, [
+        t for t in tasks if (t.pk, t.version) in alive and (t.pk, t.version) not in renewed
+    ]

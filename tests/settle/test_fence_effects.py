@@ -245,3 +245,18 @@ def test_requeue_moves_the_token_and_resets_the_attempts():
     again = Document.objects.claim_next(worker="w2")
     assert again is not None
     assert again.version == failed.version + 2
+
+
+def test_a_renewal_of_two_attempts_of_one_row_tells_the_earlier_one_it_is_lost():
+    """An earlier attempt still held beside the row's current claim (reaped, then claimed
+    again by the same worker) is lost: a renewal of both says so for the earlier one and
+    renews the current one. It was compared by primary key alone, so neither was lost."""
+    first = claimed(worker="w1")
+    expire(first)
+    assert reap(Document).requeued == 1
+    second = Document.objects.claim_next(worker="w1")
+    assert second is not None
+    assert (second.pk, second.version > first.version) == (first.pk, True)
+    assert Document.objects.renew_leases([first, second]) == ([first], [])
+    assert Document.objects.extend_leases([first, second]) == [first]
+    assert state(second)[:2] == ("processing", second.version)
