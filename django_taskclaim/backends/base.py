@@ -157,6 +157,10 @@ class DatabaseSQL(LockSQL):
     #: Whether one writer runs at a time (SQLite): a compare-and-set of a whole batch is
     #: then one ``UPDATE … WHERE pk IN (…) AND status = ready RETURNING *``.
     one_writer_at_a_time: ClassVar[bool] = False
+    #: Whether reading the clock is an in-process call whose ``now()`` moves in
+    #: millisecond steps (SQLite): read it each time instead of adding elapsed time to a
+    #: cached reading, which could land after a later ``now()`` within the same step.
+    clock_in_process: ClassVar[bool] = False
     #: Whether :meth:`claim` (one statement, candidates and UPDATE … RETURNING) exists.
     claims_in_one_statement: ClassVar[bool] = False
     #: Whether :meth:`complete_many_sql` (one UPDATE from per-row arrays) exists.

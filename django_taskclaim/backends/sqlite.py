@@ -24,6 +24,7 @@ class SQLite(DatabaseSQL):
     clock_known = True
     claim_strategies: ClassVar[frozenset[str]] = frozenset({"cas"})
     one_writer_at_a_time = True
+    clock_in_process = True
     partial_unique_constraints = True
 
     def private_to_one_connection(self, settings_dict: Any) -> bool:

@@ -19,6 +19,7 @@ import time
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from django_taskclaim.backends import for_alias
 from django_taskclaim.config.options import get_options, retry_delay
 from django_taskclaim.contrib.tasks import announce
 from django_taskclaim.contrib.tasks.exceptions import WorkerLost
@@ -159,7 +160,14 @@ def _db_clock(using: str, at: float) -> datetime:
     """The database clock's time at monotonic instant ``at``: one reading of the
     database's ``now()`` per minute, plus the monotonic time elapsed since (so the
     attempt's start is written as a plain value that batches well, yet on the database's
-    clock, never the worker's wall clock)."""
+    clock, never the worker's wall clock).
+
+    Where the clock is an in-process call with millisecond steps (SQLite:
+    :attr:`~django_taskclaim.backends.base.DatabaseSQL.clock_in_process`) it is read
+    every time: a reading plus elapsed time could land a fraction of a millisecond after
+    the ``finished_at`` the same attempt's completion then writes."""
+    if for_alias(using).clock_in_process:
+        return db_now(using)
     reading = _CLOCK.get(using)
     if reading is None or time.monotonic() - reading[1] > CLOCK_READING_TTL:
         reading = _CLOCK[using] = (db_now(using), time.monotonic())
