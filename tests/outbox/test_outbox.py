@@ -464,14 +464,20 @@ def test_sigkill_mid_batch_then_takeover_delivers_everything_in_order(procs, bro
     n, keys, batch = 2000, 20, 200
     write(broker.topic, n, keys=keys)
     first = relay_proc(procs, broker, "--partitions", "4", "--batch", str(batch), "--lease", "2")
-    wait_for(
-        lambda: Message.objects.done().count() >= 300 and Message.objects.processing().exists(),
-        timeout=60,
-        what="the relay mid-batch",
-    )
+
+    def frozen_mid_batch() -> bool:
+        """Stop the relay (SIGSTOP) and keep it stopped if it holds a batch: a batch seen
+        in flight then cannot finish before the kill (it could between a look and a kill
+        while the relay ran)."""
+        first.signal(signal.SIGSTOP)
+        if Message.objects.done().count() >= 300 and Message.objects.processing().exists():
+            return True
+        first.signal(signal.SIGCONT)
+        return False
+
+    wait_for(frozen_mid_batch, timeout=60, what="the relay mid-batch")
     first.kill()
-    left = Message.objects.processing().count()
-    assert left > 0, "the relay was not killed mid-batch"
+    assert Message.objects.processing().exists(), "the relay was not killed mid-batch"
     assert Message.objects.done().count() < n
     # Two relays share the partitions; they take the dead one's over after its lease.
     for _ in range(2):
