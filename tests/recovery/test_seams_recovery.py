@@ -28,6 +28,7 @@ import pytest
 from django.db import connection, connections
 from django.db.models.functions import Now
 from django.test.utils import override_settings
+from django.utils import timezone
 
 from tests.support.helpers import child_env, wait_for
 
@@ -119,8 +120,21 @@ SHORT_LIFE = 1.5  # seconds each lives after its startup line before its SIGKILL
 def expiring_rows(n: int, *, start: float, step: float) -> list[int]:
     """``n`` rows held by a worker that is gone, their leases ending one by one on the
     database clock: the first ``start`` seconds from now, then one every ``step``."""
-    Document.objects.bulk_create([Document(title=f"orphan {i}") for i in range(n)])
-    held = Document.objects.claim(n, worker="gone-for-good")
+    # Made held, never ready: a running fleet could otherwise claim one in between.
+    far = timezone.now() + timedelta(days=1)
+    held = Document.objects.bulk_create(
+        [
+            Document(
+                title=f"orphan {i}",
+                status="processing",
+                locked_by="gone-for-good",
+                locked_until=far,
+                attempts=1,
+                version=1,
+            )
+            for i in range(n)
+        ]
+    )
     assert len(held) == n
     for i, doc in enumerate(held):
         Document.objects.filter(pk=doc.pk).update(
