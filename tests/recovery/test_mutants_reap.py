@@ -14,6 +14,7 @@ from django_taskclaim import reap
 from django_taskclaim.db import DbNow
 from django_taskclaim.recovery.reap import ReapResult, release_worker
 from django_taskclaim.signals import task_reaped
+from tests.support.helpers import BusyOnce
 from tests.support.testapp.models import Document, Job
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -252,21 +253,12 @@ def test_release_worker_takes_only_the_named_models_rows_or_every_models():
 
 
 def test_a_reap_that_finds_the_database_busy_is_retried(caplog):
-    from django.db import OperationalError, connection
-
-    class Busy(Exception):
-        sqlstate = "40P01"  # PostgreSQL's deadlock; args[0] is MySQL's, the text SQLite's
+    from django.db import connection
 
     lapsed(2)
-    busy = {"left": 1}
+    busy = BusyOnce()
 
-    def once_busy(execute, sql, params, many, context):
-        if sql.startswith("UPDATE") and busy["left"]:
-            busy["left"] -= 1
-            raise OperationalError("database is locked") from Busy(1213, "database is locked")
-        return execute(sql, params, many, context)
-
-    with caplog.at_level("DEBUG", logger="django_taskclaim"), connection.execute_wrapper(once_busy):
+    with caplog.at_level("DEBUG", logger="django_taskclaim"), connection.execute_wrapper(busy):
         assert reap(Document).requeued == 2
-    assert busy["left"] == 0
+    assert busy.left == 0
     assert any(m.startswith("retrying what=reap attempt=1 ") for m in caplog.messages)

@@ -14,6 +14,7 @@ from django_taskclaim import run_task
 from django_taskclaim.settle import batch
 from django_taskclaim.settle.batch import PENDING_ATTR, BatchableResult
 from django_taskclaim.signals import task_completed
+from tests.support.helpers import BusyOnce
 from tests.support.testapp.models import ColumnTask, Document, Job
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -182,31 +183,18 @@ def test_uuid_keyed_rows_are_matched_by_their_stored_key():
     assert UUIDTask.objects.get(pk=lost.pk).status == "processing"
 
 
-class Busy(Exception):
-    """A driver error each vendor's backend takes for a busy database: SQLite's "database
-    is locked", PostgreSQL's deadlock SQLSTATE, MySQL's deadlock error number."""
-
-    sqlstate = "40P01"
-
-
 def test_a_lost_row_is_logged_and_a_busy_database_retried(caplog):
-    from django.db import OperationalError, connection
+    from django.db import connection
 
     won, lost = claim(2)
     deferred(won, {"result": "w"})
     deferred(lost, {"result": "l"})
     Document.objects.filter(pk=lost.pk).update(version=lost.version + 1)
-    busy = {"left": 1}
-
-    def once_busy(execute, sql, params, many, context):
-        if sql.startswith("UPDATE") and busy["left"]:
-            busy["left"] -= 1
-            raise OperationalError("database is locked") from Busy(1213, "database is locked")
-        return execute(sql, params, many, context)
+    busy = BusyOnce()
 
     with (
         caplog.at_level("DEBUG", logger="django_taskclaim"),
-        connection.execute_wrapper(once_busy),
+        connection.execute_wrapper(busy),
     ):
         assert django_taskclaim.complete_many([won, lost]) == [lost]
     assert Document.objects.get(pk=won.pk).result == "w"

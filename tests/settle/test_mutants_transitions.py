@@ -16,6 +16,7 @@ from django_taskclaim import ClaimLost
 from django_taskclaim.settle.batch import PENDING_ATTR
 from django_taskclaim.settle.transitions import complete_pending
 from django_taskclaim.signals import task_completed, task_failed
+from tests.support.helpers import BusyOnce
 from tests.support.testapp.models import Document
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -295,13 +296,6 @@ def test_a_retry_past_the_last_attempt_fails_and_says_so(error, suffix):
     assert r.last_error == f"gave up after 5 attempt(s) (max_attempts=5){suffix}"
 
 
-class Busy(Exception):
-    """A driver error each vendor's backend takes for a busy database: SQLite's "database
-    is locked", PostgreSQL's deadlock SQLSTATE, MySQL's deadlock error number."""
-
-    sqlstate = "40P01"
-
-
 @pytest.mark.parametrize(
     ("write", "what", "status"),
     [
@@ -310,22 +304,16 @@ class Busy(Exception):
     ],
 )
 def test_a_write_that_finds_the_database_busy_is_retried_and_lands(write, what, status, caplog):
-    from django.db import OperationalError, connection
+    from django.db import connection
 
     task = claimed()
-    busy = {"left": 1}
-
-    def once_busy(execute, sql, params, many, context):
-        if sql.startswith("UPDATE") and busy["left"]:
-            busy["left"] -= 1
-            raise OperationalError("database is locked") from Busy(1213, "database is locked")
-        return execute(sql, params, many, context)
+    busy = BusyOnce()
 
     with (
         caplog.at_level("DEBUG", logger="django_taskclaim.db"),
-        connection.execute_wrapper(once_busy),
+        connection.execute_wrapper(busy),
     ):
         write(task)
-    assert busy["left"] == 0
+    assert busy.left == 0
     assert row(task).status == status
     assert any(m.startswith(f"retrying what={what} attempt=1 ") for m in caplog.messages)

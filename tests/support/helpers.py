@@ -90,3 +90,30 @@ def embedded_database(
     sql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)", "postgres")
     sql(f"CREATE DATABASE {db}", "postgres")
     return data_dir, conf, sql
+
+
+class _BusyDriverError(Exception):
+    """A driver error each vendor's backend takes for a busy database: SQLite's "database
+    is locked", PostgreSQL's deadlock SQLSTATE, MySQL's deadlock error number."""
+
+    sqlstate = "40P01"
+
+
+class BusyOnce:
+    """A ``connection.execute_wrapper``: the first ``times`` statements starting with
+    ``prefix`` fail as a busy database would (``left`` counts those still to fail), the
+    rest run. For tests that a write retries a busy database and lands."""
+
+    def __init__(self, prefix: str = "UPDATE", times: int = 1) -> None:
+        self.prefix = prefix
+        self.left = times
+
+    def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.startswith(self.prefix) and self.left:
+            from django.db import OperationalError
+
+            self.left -= 1
+            raise OperationalError("database is locked") from _BusyDriverError(
+                1213, "database is locked"
+            )
+        return execute(sql, params, many, context)
