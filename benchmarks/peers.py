@@ -49,7 +49,6 @@ import asyncio
 import json
 import os
 import resource
-import signal
 import subprocess
 import sys
 import tempfile
@@ -83,6 +82,7 @@ from benchmarks.run import (  # noqa: E402
     pct,
     reachable_aliases,
     server_version,
+    stop_process,
     table,
     vendor,
     wait_started,
@@ -717,12 +717,7 @@ def pgq_idle_worker(
             raise RuntimeError(out.read().decode(errors="replace")[-2000:]) from None
         yield proc, reader
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         out.close()
         reader.fh.close()
 

@@ -771,12 +771,19 @@ def idle_worker(alias: str, *, notify: bool | str, poll: float) -> Iterator[subp
         wait_started(alias, enqueue(alias), timeout=60, proc=proc)
         yield proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM a worker (a graceful stop), SIGKILL it if it has not exited in 30 s."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _notify_hooked() -> bool:

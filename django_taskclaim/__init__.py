@@ -21,6 +21,7 @@ from django_taskclaim.exceptions import (
     ClaimInTransactionError,
     ClaimLost,
     ConfigurationError,
+    DependencyError,
     Fail,
     LockNotAcquired,
     NotClaimableError,
@@ -28,8 +29,6 @@ from django_taskclaim.exceptions import (
     StrategyNotSupportedError,
     TaskClaimError,
 )
-
-_install_moved_modules()  # the module paths earlier docs showed (deprecation.MOVED)
 
 _LAZY = {
     "ClaimableModel": "django_taskclaim.model.mixins",
@@ -40,7 +39,7 @@ _LAZY = {
     "ErrorFieldMixin": "django_taskclaim.model.mixins",
     "ClaimableMixin": "django_taskclaim.model.mixins",
     "claim_indexes": "django_taskclaim.model.indexes",
-    "Status": "django_taskclaim.model.status",
+    "Status": "django_taskclaim.row.status",
     "ClaimQuerySet": "django_taskclaim.model.queryset",
     "ClaimQuerySetMixin": "django_taskclaim.model.queryset",
     "ClaimManager": "django_taskclaim.model.queryset",
@@ -85,6 +84,8 @@ _LAZY = {
     "is_paused": "django_taskclaim.flow.pause",
 }
 
+_install_moved_modules(_LAZY)  # the module paths earlier docs showed (deprecation.MOVED)
+
 __all__ = [
     "SKIPPED",
     "ActiveKeyField",
@@ -98,6 +99,7 @@ __all__ = [
     "ClaimableModel",
     "ConfigurationError",
     "DbNow",
+    "DependencyError",
     "ErrorFieldMixin",
     "Fail",
     "LeaseLock",

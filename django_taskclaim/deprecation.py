@@ -6,9 +6,9 @@ Until the restructuring the package was flat and the docs showed, for example,
 The old modules (``notify``, ``unique``, ``monitoring``, ``concurrency``, ``archive``,
 ``doctor``, ``lifecycle``, ``notify_trigger``, ``options``) have no file any more: an import
 finder (:func:`install`, called when the package is imported) makes each one on its first
-import, a module whose ``__getattr__`` is :func:`moved_names`; a name that left a package
-that is still there (``django_taskclaim.worker.recover``) is resolved by that package's
-``__getattr__`` the same way. The names the docs showed resolve with a
+import, a module whose ``__getattr__`` is :func:`moved_names`; a name that
+left a package that is still there (``django_taskclaim.worker.recover``) is resolved by that
+package's ``__getattr__`` the same way. The names the docs showed resolve with a
 ``DeprecationWarning`` naming the new import; any other name of an old module raises
 ``AttributeError`` saying where the module went. Nothing in the package imports the old
 modules; they are removed in 0.2.
@@ -81,11 +81,13 @@ MOVED: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 
+#: The package's own exports (name → defining module), handed over by :func:`install`.
+_EXPORTS: dict[str, str] = {}
+
+
 def new_import(name: str, module: str) -> str:
     """The import to write now: from the package itself where it exports ``name``."""
-    from django_taskclaim import _LAZY
-
-    if _LAZY.get(name) == module:
+    if _EXPORTS.get(name) == module:
         return f"from django_taskclaim import {name}"
     return f"from {module} import {name}"
 
@@ -150,8 +152,11 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 _FINDER = _MovedModules()
 
 
-def install() -> None:
+def install(exports: dict[str, str]) -> None:
     """Make the old module paths of :data:`MOVED` importable (idempotent). The finder goes
-    last, so a real module of the same name would always win over it."""
+    last, so a real module of the same name would always win over it. ``exports`` is the
+    package's table of the names it exports (name → defining module): a warning then
+    points at ``from django_taskclaim import name`` where it can."""
+    _EXPORTS.update(exports)
     if _FINDER not in sys.meta_path:
         sys.meta_path.append(_FINDER)

@@ -30,6 +30,14 @@ class StrategyNotSupportedError(ConfigurationError):
     """The requested claim strategy is unknown or unsupported by the database."""
 
 
+class DependencyError(TaskClaimError, ValueError):
+    """An ``after=`` cannot be recorded: a prerequisite that is unsaved, the row itself,
+    of a model that does not declare ``ClaimMeta.dependents``, on another database or
+    gone; or a dependent model that maps no ``waiting`` state. Nothing was written.
+
+    A cycle cannot be made: a new row can only wait for rows that exist already."""
+
+
 class ClaimInTransactionError(TaskClaimError):
     """A claim was attempted inside the caller's open ``atomic()`` block.
 

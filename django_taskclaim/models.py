@@ -36,10 +36,12 @@ __all__ = [
     "Lease",
     "PeriodicRun",
     "PeriodicSlot",
+    "QueueDepth",
     "QueuePause",
     "RateSlot",
     "ScheduleFieldsMixin",
     "StatusFieldMixin",
+    "TaskAttempt",
     "TaskHistory",
     "TimestampFieldsMixin",
     "WorkerProcess",
@@ -91,6 +93,10 @@ class Lease(models.Model):
         return self.key
 
 
+#: How many running bodies a worker lists in its registry row (the rest are counted only).
+RUNNING_SHOWN = 50
+
+
 class WorkerProcess(models.Model):
     """A live (or recently live) worker process, kept up to date by its heartbeat."""
 
@@ -104,6 +110,16 @@ class WorkerProcess(models.Model):
     concurrency = models.PositiveIntegerField(_("threads"), default=1)
     in_flight = models.PositiveIntegerField(_("tasks in flight"), default=0)
     processed = models.PositiveBigIntegerField(_("tasks processed"), default=0)
+    #: The bodies running at the last refresh: ``[{"model": label, "pk": text, "age":
+    #: seconds running then}]`` (at most :data:`RUNNING_SHOWN`); ``None`` from a worker
+    #: of a version that does not report them.
+    running = models.JSONField(_("running tasks"), null=True, blank=True)
+    #: An operator asked this worker to stop gracefully (finish what it holds, claim no
+    #: more): when, and who. The worker sees it at its next registry refresh.
+    stop_requested_at = models.DateTimeField(_("stop requested at"), null=True, blank=True)
+    stop_requested_by = models.CharField(
+        _("stop requested by"), max_length=150, blank=True, default="", db_default=""
+    )
 
     class Meta:
         app_label = "taskclaim"  # so a project without the app still sets up (E008)
@@ -220,6 +236,31 @@ class TaskHistory(models.Model):
         return f"{self.model} {self.queue or '*'} @ {self.minute:%Y-%m-%d %H:%M}"
 
 
+class QueueDepth(models.Model):
+    """How many rows of a claimable model (``model``, an ``app_label.Model`` label) were
+    ``ready`` and ``processing`` at one minute (database clock, UTC): the samples the
+    admin's "queue depth" chart draws (rows do not remember when they were ready). One
+    worker per model takes each, about every ``TASKCLAIM_DEPTH_SAMPLE_INTERVAL`` seconds,
+    in one statement (:mod:`django_taskclaim.worker.maintenance.depth`); at most one row
+    per model and minute; rows older than 48 hours are deleted by the workers."""
+
+    model = models.CharField(_("model"), max_length=255)
+    minute = models.DateTimeField(_("minute"))
+    ready = models.PositiveBigIntegerField(_("ready"), default=0)
+    processing = models.PositiveBigIntegerField(_("processing"), default=0)
+
+    class Meta:
+        app_label = "taskclaim"  # so a project without the app still sets up (E008)
+        verbose_name = _("queue depth sample")
+        verbose_name_plural = _("queue depth samples")
+        constraints = [
+            models.UniqueConstraint(fields=["model", "minute"], name="taskclaim_depth_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} @ {self.minute:%Y-%m-%d %H:%M}: {self.ready} ready"
+
+
 class PeriodicSlot(models.Model):
     """One slot of a periodic schedule, enqueued: the insert-as-lock of that slot.
 
@@ -274,3 +315,73 @@ class PeriodicRun(ClaimableModel):
         """Call the function (with this row if it takes an argument); see
         :func:`django_taskclaim.periodic.call.run_function`."""
         return run_function(self)
+
+
+class TaskAttempt(models.Model):
+    """One attempt of a task row, as the worker that ran it saw it: which row (model label
+    and primary key as text), its attempt number, the worker, when its body started (the
+    database clock), how long it ran, what became of it and its error. Written by the
+    workers in bulk with their heartbeat (``TASKCLAIM_ATTEMPT_LOG`` says which attempts);
+    the last ``TASKCLAIM_ATTEMPTS_KEPT`` per row are kept, none older than 7 days."""
+
+    model = models.CharField(_("model"), max_length=100)
+    row = models.CharField(_("row"), max_length=191)
+    number = models.PositiveIntegerField(_("attempt"))
+    worker = models.CharField(_("worker"), max_length=255, blank=True, default="")
+    started_at = models.DateTimeField(_("started at"))
+    runtime = models.FloatField(_("runtime (s)"))
+    outcome = models.CharField(_("outcome"), max_length=16)
+    error = models.TextField(_("error"), blank=True, default="")
+
+    class Meta:
+        app_label = "taskclaim"
+        verbose_name = _("task attempt")
+        verbose_name_plural = _("task attempts")
+        ordering = ["model", "row", "-number"]
+        indexes = [
+            models.Index(fields=["model", "row", "number"], name="taskclaim_attempt_row"),
+            models.Index(fields=["started_at"], name="taskclaim_attempt_age"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} #{self.row}, attempt {self.number}: {self.outcome}"
+
+
+class TaskDependency(models.Model):
+    """One edge of a dependency graph: the row ``dependent`` (``dependent_model``, an
+    ``app_label.Model`` label, and ``dependent_pk``, its primary key as text) waits for
+    the row ``prerequisite`` (the same pair), of any claimable models whose ``ClaimMeta``
+    declares ``dependents``. Written by ``after=`` at enqueue; ``outcome`` is empty while
+    the edge is open and becomes the prerequisite's final state (``done``, ``failed``,
+    ``cancelled``) in the transaction of the settle that closed it, ``settled_at`` its
+    database clock. ``on_failure`` is the dependent's policy when a prerequisite ends
+    ``failed`` / ``cancelled`` (the same on each of its edges): ``cancel``, ``run`` or
+    ``hold``. An edge held by ``hold`` stays open. See docs/workflows.md."""
+
+    prerequisite_model = models.CharField(_("prerequisite model"), max_length=100)
+    prerequisite_pk = models.CharField(_("prerequisite"), max_length=191)
+    dependent_model = models.CharField(_("dependent model"), max_length=100)
+    dependent_pk = models.CharField(_("dependent"), max_length=191)
+    on_failure = models.CharField(_("on failure"), max_length=8, default="cancel")
+    outcome = models.CharField(_("outcome"), max_length=16, blank=True, default="")
+    created_at = models.DateTimeField(_("created at"), db_default=DbNow())
+    settled_at = models.DateTimeField(_("settled at"), null=True, blank=True)
+
+    class Meta:
+        app_label = "taskclaim"
+        verbose_name = _("task dependency")
+        verbose_name_plural = _("task dependencies")
+        indexes = [
+            models.Index(
+                fields=["prerequisite_model", "prerequisite_pk"], name="taskclaim_dep_prereq"
+            ),
+            models.Index(
+                fields=["dependent_model", "dependent_pk"], name="taskclaim_dep_dependent"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.dependent_model} #{self.dependent_pk} after "
+            f"{self.prerequisite_model} #{self.prerequisite_pk}"
+        )

@@ -28,6 +28,7 @@ file ``django_taskclaim/admin.css``.
 Modules: :mod:`.mixin` (the mixin), :mod:`.actions` (its actions), :mod:`.task_page`
 (the task buttons), :mod:`.pause` (pause / resume), :mod:`.audit` (the log entries),
 :mod:`.filters`, :mod:`.dashboard`, :mod:`.own_models` (the app's models),
+:mod:`.workers` (the worker registry: running tasks, graceful stop),
 :mod:`.periodic` (the periodic schedules, slots and runs) and :mod:`.display` (badges,
 labels, durations). Import a name from the module that defines it; only
 :class:`ClaimableAdminMixin` is named here.
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 # The app's own models are registered on the default admin site when the admin's
 # autodiscovery imports this package.
-from django_taskclaim.admin import own_models, periodic  # noqa: F401
+from django_taskclaim.admin import own_models, periodic, workers  # noqa: F401
 from django_taskclaim.admin.mixin import ClaimableAdminMixin
 
 __all__ = ["ClaimableAdminMixin"]

@@ -17,10 +17,10 @@ from django_taskclaim.admin.filters import ClaimStatusFilter, LeaseFilter
 from django_taskclaim.admin.pause import pause_form_context, pause_url, paused_rows
 from django_taskclaim.db import db_now
 from django_taskclaim.flow.rate_view import RatedModel, rate_view
-from django_taskclaim.model.status import STATE_NAMES
 from django_taskclaim.models import WorkerProcess
 from django_taskclaim.ops.figures import ModelStats, live_workers, model_stats
-from django_taskclaim.ops.reported import reported_models
+from django_taskclaim.periodic.reported import reported_models
+from django_taskclaim.row.status import STATE_NAMES
 from django_taskclaim.rules import silent_after
 
 __all__ = ["RING_ROWS", "dashboard_context", "dashboard_view"]
@@ -58,7 +58,7 @@ def dashboard_context(request: HttpRequest, site: admin.AdminSite | None = None)
     owner) never shows counts of rows it hides. A claimable model not registered on
     ``site`` is shown, over all its rows, to users with its view or change permission.
     ``PeriodicRun`` is left out where no function is scheduled and no run exists
-    (:func:`~django_taskclaim.ops.reported.reported_models`). Paused queues are listed
+    (:func:`~django_taskclaim.periodic.reported.reported_models`). Paused queues are listed
     with their ready backlog; the pause / resume form is offered only to users with the
     change permission of a model. The rate limits of the models shown are listed, per
     ring, with the starts in the window (database clock), busiest first, at most
@@ -78,34 +78,13 @@ def dashboard_context(request: HttpRequest, site: admin.AdminSite | None = None)
     )
     now = db_now()
     pauses, paused_list = paused_rows(request, site, visible)
-    rows = []
-    for model in visible:
-        model_admin = _model_admin(site, model)
-        url = ""
-        if model_admin is not None:
-            queryset = model_admin.get_queryset(request)
-            stats = model_stats(model, using=queryset.db, queryset=queryset, fast=True)
-            try:
-                url = reverse(
-                    f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist",
-                    current_app=site.name,
-                )
-            except NoReverseMatch:
-                url = ""
-        else:
-            stats = model_stats(model, fast=True)
-        row = _dashboard_row(stats, url)
-        row["pause"] = pause_form_context(request, site, model, pauses=pauses)
-        rows.append(row)
+    rows = [_model_row(request, site, model, pauses) for model in visible]
     can_see_workers = _can_see(request, WorkerProcess)
     workers = [
         {**w.as_dict(), "seen_ago_text": humanize_seconds(w.seen_ago)}
         for w in (live_workers() if can_see_workers else [])
     ]
-    try:
-        workers_url = reverse("admin:taskclaim_workerprocess_changelist", current_app=site.name)
-    except NoReverseMatch:
-        workers_url = ""
+    workers_url = _admin_url("admin:taskclaim_workerprocess_changelist", site)
     return {
         "taskclaim_states": [(s, state_label(s)) for s in STATE_NAMES],
         "taskclaim_rows": rows,
@@ -120,6 +99,33 @@ def dashboard_context(request: HttpRequest, site: admin.AdminSite | None = None)
         "taskclaim_rates": _rate_rows(rate_view(visible)),
         "taskclaim_next": request.get_full_path(),
     }
+
+
+def _admin_url(name: str, site: admin.AdminSite) -> str:
+    """The URL of the admin view ``name`` on ``site``; ``""`` where it has none."""
+    try:
+        return reverse(name, current_app=site.name)
+    except NoReverseMatch:
+        return ""
+
+
+def _model_row(
+    request: HttpRequest, site: admin.AdminSite, model: type[models.Model], pauses: list[Any]
+) -> dict[str, Any]:
+    """The dashboard's row of ``model``: its figures over what its admin on ``site``
+    shows (over all its rows where it has none), its changelist's URL and its pause form."""
+    model_admin = _model_admin(site, model)
+    url = ""
+    if model_admin is not None:
+        queryset = model_admin.get_queryset(request)
+        stats = model_stats(model, using=queryset.db, queryset=queryset, fast=True)
+        meta = model._meta
+        url = _admin_url(f"admin:{meta.app_label}_{meta.model_name}_changelist", site)
+    else:
+        stats = model_stats(model, fast=True)
+    row = _dashboard_row(stats, url)
+    row["pause"] = pause_form_context(request, site, model, pauses=pauses)
+    return row
 
 
 def _dashboard_row(stats: ModelStats, url: str) -> dict[str, Any]:

@@ -12,8 +12,8 @@ from django.db import DEFAULT_DB_ALIAS
 from django.utils.html import format_html, format_html_join
 
 from django_taskclaim.db import db_now
-from django_taskclaim.model.status import Status
 from django_taskclaim.ops.figures import humanize_seconds
+from django_taskclaim.row.status import Status
 
 __all__ = [
     "NOW_ANNOTATION",

@@ -12,7 +12,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_taskclaim.admin.display import state_label
 from django_taskclaim.config.options import get_options
-from django_taskclaim.model.status import STATE_NAMES
+from django_taskclaim.row.status import STATE_NAMES
 from django_taskclaim.rules import lease_expired_q, lease_running_q
 
 __all__ = ["ClaimStatusFilter", "ErrorFilter", "LeaseFilter"]

@@ -18,6 +18,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
 from django_taskclaim.admin.actions import ClaimActionsMixin
+from django_taskclaim.admin.attempts import attempt_table
 from django_taskclaim.admin.display import (
     NOW_ANNOTATION,
     STYLESHEET,
@@ -28,13 +29,16 @@ from django_taskclaim.admin.display import (
 )
 from django_taskclaim.admin.filters import ClaimStatusFilter, ErrorFilter, LeaseFilter
 from django_taskclaim.admin.pause import pause_form_context
+from django_taskclaim.admin.runtime import RuntimeColumnMixin, held_since
 from django_taskclaim.admin.task_page import TaskPageMixin
+from django_taskclaim.admin.workers import running_since
 from django_taskclaim.config.options import get_options
 from django_taskclaim.db import DbNow
 from django_taskclaim.exceptions import ConfigurationError
-from django_taskclaim.model.status import UNKNOWN_STATE
 from django_taskclaim.ops.figures import model_stats
+from django_taskclaim.row.status import UNKNOWN_STATE
 from django_taskclaim.rules import lease_ended
+from django_taskclaim.settle.dependents import open_prerequisites
 
 __all__ = [
     "CLAIM_COLUMNS",
@@ -54,6 +58,7 @@ CLAIM_COLUMNS = (
     "attempts",
     "holder",
     "lease_remaining",
+    "runtime",
     "scheduled",
     "short_error",
 )
@@ -68,14 +73,17 @@ READONLY_CLAIM_FIELDS = (
     "last_holder",
     "lease_details",
     "created_at",
+    "claimed_at",
     "finished_at",
     "error_details",
+    "prerequisites",
+    "attempt_history",
 )
 #: The fields of :data:`READONLY_CLAIM_FIELDS` shown only while a row is held.
 HELD_ONLY_FIELDS = ("current_holder", "lease_details")
 
 
-class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin):
+class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin, RuntimeColumnMixin):
     """Mix into the ``ModelAdmin`` of a claimable model (put it before ``ModelAdmin``).
 
     Guarantees: claim bookkeeping (status, token, lease, holder, attempts, timestamps,
@@ -166,12 +174,17 @@ class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin):
             "lease_remaining": "locked_until",
             "lease_details": "locked_until",
             "scheduled": "run_after",
+            "runtime": "claimed_at",
         }
         if name in need_of:
             need = need_of[name]
             return need == "status" or self.claim_options.has(need)
         if name == "error_details":
             return self.claim_options.has("last_error")
+        if name == "attempt_history":
+            return True
+        if name == "prerequisites":
+            return self.claim_options.statuses.get("waiting") is not None
         return self.claim_options.has(name) or name == "version"
 
     def get_list_display(self, request: HttpRequest) -> Any:
@@ -203,11 +216,13 @@ class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin):
         """The read-only claim fields of ``obj``'s page: a held row's holder and lease, the
         last holder of any other row, neither on the add page."""
         if obj is None:
-            skip = {"last_holder", *HELD_ONLY_FIELDS}
+            skip = {"last_holder", "attempt_history", "prerequisites", *HELD_ONLY_FIELDS}
         elif self._state(obj) == "processing":
-            skip = {"last_holder"}
+            skip = {"last_holder", "prerequisites"}
         else:
             skip = set(HELD_ONLY_FIELDS)
+        if obj is not None and self._state(obj) != "waiting":
+            skip.add("prerequisites")  # only a waiting row waits for any
         return [f for f in READONLY_CLAIM_FIELDS if f not in skip]
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -249,8 +264,11 @@ class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin):
 
     @admin.display(description=_("held by"))
     def current_holder(self, obj: Any) -> str:
-        """The change page of a ``processing`` row: the worker holding it."""
-        return obj.locked_by or "?"
+        """The change page of a ``processing`` row: the worker holding it, and how long
+        its attempt has run (its ``claimed_at``, else that worker's registry row)."""
+        since = held_since(obj) or running_since(obj)
+        holder = obj.locked_by or "?"
+        return format_html("{} — {}", holder, since) if since else holder
 
     @admin.display(description=_("last holder"))
     def last_holder(self, obj: Any) -> str:
@@ -323,6 +341,17 @@ class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin):
         if not text:
             return "—"
         return format_html('<pre class="taskclaim-error">{}</pre>', text)
+
+    @admin.display(description=_("waiting for"))
+    def prerequisites(self, obj: Any) -> str:
+        """The prerequisites a waiting row still waits for (docs/workflows.md)."""
+        found = open_prerequisites(obj)
+        return ", ".join(f"{label} #{key}" for label, key in found) or "—"
+
+    @admin.display(description=_("attempts' story"))
+    def attempt_history(self, obj: Any) -> str:
+        """Each attempt the workers recorded for this row, newest first (one query)."""
+        return attempt_table(obj)
 
     # -- changelist summary ---------------------------------------------------------
     def claim_summary_context(self, request: HttpRequest) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""The admin of the app's own models: the worker registry (which also serves the
-dashboard and its pause view), the lease locks and the paused queues."""
+"""The admin of the app's own models: the dashboard's index entry, the lease locks and
+the paused queues (the worker registry, which also serves the dashboard: :mod:`.workers`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from django.urls import path, reverse
 from django.utils.translation import gettext_lazy as _
 
 from django_taskclaim.admin.audit import log_model_action
-from django_taskclaim.admin.dashboard import _may_view, dashboard_view
+from django_taskclaim.admin.dashboard import _may_view
 from django_taskclaim.admin.display import (
     NOW_ANNOTATION,
     STYLESHEET,
@@ -22,21 +22,19 @@ from django_taskclaim.admin.display import (
     badge,
     humanize_seconds,
 )
-from django_taskclaim.admin.pause import may_change, pause_view, queue_text
+from django_taskclaim.admin.pause import may_change, queue_text
 from django_taskclaim.config.discovery import claimable_models
 from django_taskclaim.db import DbNow
 from django_taskclaim.exceptions import TaskClaimError
 from django_taskclaim.flow.pause import resume
 from django_taskclaim.locks import break_lease
-from django_taskclaim.models import Dashboard, Lease, QueuePause, WorkerProcess
-from django_taskclaim.rules import heard_from_recently, live_worker_q, silent_worker_q
+from django_taskclaim.models import Dashboard, Lease, QueuePause
 
 __all__ = [
     "DashboardAdmin",
     "LeaseAdmin",
     "QueuePauseAdmin",
     "ReadOnlyAdminMixin",
-    "WorkerProcessAdmin",
 ]
 
 
@@ -50,27 +48,6 @@ class ReadOnlyAdminMixin:
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Never: the library writes these rows."""
         return False
-
-
-class _AliveFilter(admin.SimpleListFilter):
-    title = _("state")
-    parameter_name = "alive"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return [
-            ("live", _("live")),
-            ("silent", _("silent (presumed dead)")),
-            ("stopped", _("stopped")),
-        ]
-
-    def queryset(self, request: HttpRequest, queryset: models.QuerySet) -> models.QuerySet:
-        if self.value() == "live":
-            return queryset.filter(live_worker_q())
-        if self.value() == "silent":
-            return queryset.filter(silent_worker_q())
-        if self.value() == "stopped":
-            return queryset.filter(stopped_at__isnull=False)
-        return queryset
 
 
 @admin.register(Dashboard)
@@ -114,67 +91,6 @@ class DashboardAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(
             reverse("admin:taskclaim_dashboard", current_app=self.admin_site.name)
         )
-
-
-@admin.register(WorkerProcess)
-class WorkerProcessAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    """The worker registry; also serves the dashboard page."""
-
-    list_display = (
-        "worker_id",
-        "state_badge",
-        "hostname",
-        "pid",
-        "concurrency",
-        "in_flight",
-        "processed",
-        "seen",
-        "started_at",
-    )
-    list_filter = (_AliveFilter, "hostname")
-    search_fields = ("worker_id", "hostname")
-
-    class Media:
-        css = {"all": [STYLESHEET]}
-
-    def get_queryset(self, request: HttpRequest) -> models.QuerySet:
-        """The registry rows, annotated with the database's ``now()``."""
-        return super().get_queryset(request).annotate(**{NOW_ANNOTATION: DbNow()})
-
-    def get_urls(self) -> list[Any]:
-        """Adds ``dashboard/`` (``admin:taskclaim_dashboard``) and ``dashboard/pause/``
-        (``admin:taskclaim_pause``, where the pause forms post) in front of the usual URLs."""
-        view = self.admin_site.admin_view(self.dashboard)
-        pause = self.admin_site.admin_view(self.pause)
-        return [
-            path("dashboard/", view, name="taskclaim_dashboard"),
-            path("dashboard/pause/", pause, name="taskclaim_pause"),
-            *super().get_urls(),
-        ]
-
-    def dashboard(self, request: HttpRequest) -> HttpResponse:
-        """The dashboard page (staff only; shows the models the user may view)."""
-        return dashboard_view(request, self.admin_site)
-
-    def pause(self, request: HttpRequest) -> HttpResponse:
-        """Pause or resume a model or one of its queues (POST; the model's change
-        permission; CSRF-protected like every admin view)."""
-        return pause_view(request, self.admin_site)
-
-    @admin.display(description=_("state"))
-    def state_badge(self, obj: WorkerProcess) -> str:
-        """live / silent / stopped, judged by the database clock as the filter judges it."""
-        if obj.stopped_at is not None:
-            return badge("cancelled", _("stopped"))
-        if not heard_from_recently(obj.last_seen, annotated_now(obj)):
-            return badge("failed", _("silent"))
-        return badge("done", _("live"))
-
-    @admin.display(description=_("last heartbeat"), ordering="last_seen")
-    def seen(self, obj: WorkerProcess) -> str:
-        """How long ago the worker's last heartbeat was."""
-        age = (annotated_now(obj) - obj.last_seen).total_seconds()
-        return _("%(age)s ago") % {"age": humanize_seconds(age)}
 
 
 @admin.register(Lease)

@@ -18,8 +18,8 @@ from django_taskclaim.admin.mixin import ClaimableAdminMixin
 from django_taskclaim.admin.own_models import ReadOnlyAdminMixin
 from django_taskclaim.db import db_now
 from django_taskclaim.models import PeriodicRun, PeriodicSlot
-from django_taskclaim.ops.reported import periodic_in_use, periodic_runs_in_use
 from django_taskclaim.periodic import discover, schedules
+from django_taskclaim.periodic.reported import periodic_in_use, periodic_runs_in_use
 from django_taskclaim.periodic.slots import ScheduleState, schedule_state
 
 __all__ = ["PeriodicRunAdmin", "PeriodicSlotAdmin", "schedule_rows"]
@@ -135,7 +135,7 @@ class PeriodicRunAdmin(ClaimableAdminMixin, admin.ModelAdmin):  # type: ignore[m
 
     def get_model_perms(self, request: HttpRequest) -> dict[str, bool]:
         """As usual where a function is scheduled or a run exists
-        (:func:`~django_taskclaim.ops.reported.periodic_runs_in_use`); otherwise none,
+        (:func:`~django_taskclaim.periodic.reported.periodic_runs_in_use`); otherwise none,
         which leaves the runs out of the admin index and its sidebar, as the dashboard
         and ``taskclaim_stats`` leave them out of their figures."""
         return super().get_model_perms(request) if periodic_runs_in_use() else {}

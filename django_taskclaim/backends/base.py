@@ -5,7 +5,9 @@ Each vendor has one subclass of :class:`DatabaseSQL` (``postgresql.py``, ``mysql
 That instance is the only place that knows what a vendor can do and what text it is sent,
 so "what do we send to MySQL?" is answered by reading ``mysql.py`` (and this file, for
 what the vendors share; the lock statements are :class:`~.base_locks.LockSQL`, in
-``base_locks.py``, which :class:`DatabaseSQL` subclasses).
+``base_locks.py``, the wake-ups :class:`~.base_notify.NotifySQL`, in ``base_notify.py``,
+and the diagnostics :class:`~.base_diagnostics.DiagnosticsSQL`, in
+``base_diagnostics.py``: :class:`DatabaseSQL` subclasses the three).
 
 **What belongs here** — every statement text and every vendor decision:
 
@@ -47,16 +49,27 @@ from typing import Any, ClassVar, cast
 
 from django.apps import apps
 
+from django_taskclaim.backends.base_diagnostics import DiagnosticsSQL
 from django_taskclaim.backends.base_locks import LockSQL
+from django_taskclaim.backends.base_notify import NotifySQL
 from django_taskclaim.backends.statement import Statement
+
+#: What a claim or completion statement writes to an optional column, as
+#: :attr:`ClaimColumns.claim_writes` says (the values of
+#: :class:`django_taskclaim.claim.resets.Write` that a statement can write): the
+#: claiming worker (a parameter), the statement's clock, ``NULL``.
+WRITE_HOLDER, WRITE_CLOCK, WRITE_CLEAR = "holder", "clock", "clear"
 
 
 @dataclass(frozen=True)
 class ClaimColumns:
     """A claimable model's table and the claim columns, quoted for one connection.
 
-    ``locked_by`` / ``finished_at`` are ``None`` when the model has no such field;
-    ``returning`` lists every concrete column, qualified by the table, in field order.
+    ``claim_writes`` / ``complete_writes``: what a claim / a completion writes to the
+    model's optional columns, ``(quoted column, what)`` pairs in the order of the table
+    that decides it (:data:`django_taskclaim.claim.resets.RESETS`; ``what``: see
+    :meth:`DatabaseSQL.written_sql`); ``returning`` lists every concrete column,
+    qualified by the table, in field order.
     """
 
     table: str
@@ -65,14 +78,14 @@ class ClaimColumns:
     version: str
     attempts: str
     locked_until: str
-    locked_by: str | None
-    finished_at: str | None
     returning: str
     #: The status column's type for a ``CAST`` (``varchar(16)``, ``smallint``, …).
     status_type: str = "text"
+    claim_writes: tuple[tuple[str, str], ...] = ()
+    complete_writes: tuple[tuple[str, str], ...] = ()
 
 
-class DatabaseSQL(LockSQL):
+class DatabaseSQL(NotifySQL, DiagnosticsSQL, LockSQL):
     """The statements of one database vendor; this base holds what vendors share.
 
     An instance for a vendor django-taskclaim has no subclass for supports nothing
@@ -223,6 +236,25 @@ class DatabaseSQL(LockSQL):
         the PostgreSQL version); plain ``%s`` where planners need no such care."""
         return "%s"
 
+    def written_sql(
+        self, writes: Sequence[tuple[str, str]], holder: str | None = None
+    ) -> tuple[list[str], list[Any]]:
+        """The SET items of ``writes`` (:attr:`ClaimColumns.claim_writes` or
+        ``complete_writes``) and their parameters: ``holder`` (:data:`WRITE_HOLDER`,
+        only where a ``holder`` is given), the clock (:data:`WRITE_CLOCK`), ``NULL``
+        (:data:`WRITE_CLEAR`); ``ValueError`` for anything else."""
+        sets: list[str] = []
+        params: list[Any] = []
+        for column, what in writes:
+            if what == WRITE_HOLDER and holder is not None:
+                sets.append(f"{column} = %s")
+                params.append(holder)
+            elif what in (WRITE_CLOCK, WRITE_CLEAR):
+                sets.append(f"{column} = {self.clock_sql if what == WRITE_CLOCK else 'NULL'}")
+            else:
+                raise ValueError(f"a {self.vendor} statement cannot write {what!r} to {column}")
+        return sets, params
+
     def claim(
         self,
         c: ClaimColumns,
@@ -330,45 +362,6 @@ class DatabaseSQL(LockSQL):
         model, queue = (qn(cast(Any, meta.get_field(name)).column) for name in ("model", "queue"))
         return Statement(f"SELECT {model}, {queue} FROM {qn(meta.db_table)}", ())
 
-    # -------------------------------------------------------------------- wake-ups
-
-    #: Whether workers can be woken by the database (``NOTIFY`` / ``LISTEN``).
-    supports_notify: ClassVar[bool] = False
-
-    def notify(self, channel: str, payload: str) -> Statement:
-        """Send ``payload`` on ``channel`` (delivered when the transaction commits)."""
-        raise NotImplementedError(f"{self.vendor} cannot notify workers")
-
-    def listen_sql(self, quoted_channel: str) -> str:
-        """Start listening on the (quoted) channel, on a dedicated connection."""
-        raise NotImplementedError(f"{self.vendor} cannot notify workers")
-
-    #: Whether the database itself can notify workers, from a trigger on the table
-    #: (``ClaimMeta.notify = "trigger"``; :mod:`django_taskclaim.wakeup.trigger`).
-    supports_notify_trigger: ClassVar[bool] = False
-
-    def notify_trigger_sql(
-        self, *, table: str, status: str, ready: str, channel: str, label: str
-    ) -> list[str]:
-        """The statements that create (or replace) the trigger notifying ``channel`` with
-        ``label`` when a row of ``table`` is inserted ``ready``, or updated to it (all
-        quoted: identifiers ``table`` and ``status``, literals ``ready``, ``channel`` and
-        ``label``)."""
-        raise NotImplementedError(f"{self.vendor} cannot notify workers from a trigger")
-
-    def notify_trigger_comment_sql(self, table: str, comment: str) -> str:
-        """Record ``comment`` (a quoted literal) on the notify trigger of ``table``."""
-        raise NotImplementedError(f"{self.vendor} cannot notify workers from a trigger")
-
-    def drop_notify_trigger_sql(self, table: str) -> str:
-        """Drop the notify trigger of the (quoted) ``table``, if it has one."""
-        raise NotImplementedError(f"{self.vendor} cannot notify workers from a trigger")
-
-    def notify_trigger_fingerprints(self, cursor: Any) -> dict[str, str]:
-        """Table name → the comment recorded on its notify trigger, for every table that
-        has one."""
-        raise NotImplementedError(f"{self.vendor} cannot notify workers from a trigger")
-
     # ----------------------------------------------------------------- connections
 
     #: The cheapest statement that proves a connection still answers.
@@ -392,36 +385,3 @@ class DatabaseSQL(LockSQL):
         """Whether a ``DATABASES`` entry names a database only one connection can see
         (SQLite in memory): no second thread or process may share its rows."""
         return False
-
-    # --------------------------------------------------------------------- diagnostics
-
-    #: Whether :meth:`explain` exists: the plan of a SELECT can be read without running it.
-    explains_plans: ClassVar[bool] = False
-
-    def explain(self, sql: str, params: Sequence[Any] = ()) -> Statement:
-        """The statement returning the plan of the SELECT ``sql`` (text and ``params`` as
-        the ORM compiled them) without running it. Read its rows as mappings of column
-        name to value and hand them to :meth:`plan_uses_index` / :meth:`plan_summary`."""
-        raise NotImplementedError(f"{self.vendor} plans are not read here")
-
-    def plan_uses_index(self, plan: Sequence[Mapping[str, Any]], index: str) -> bool | None:
-        """Whether the plan rows of :meth:`explain` read the index called ``index``;
-        ``None`` where this vendor's plan does not say which indexes it reads."""
-        return None
-
-    def plan_summary(self, plan: Sequence[Mapping[str, Any]]) -> str:
-        """The plan rows of :meth:`explain` in one line, for people."""
-        return " | ".join(
-            " ".join(str(v) for v in row.values() if v not in (None, "")) for row in plan
-        )
-
-    def analyze_sql(self, quoted: str) -> str | None:
-        """The statement that refreshes the planner's statistics of the (quoted) table, for
-        an operator to run; ``None`` where the vendor has none."""
-        return None
-
-    def table_size(self, table: str, quoted: str) -> Statement | None:
-        """The statement returning the bytes the table ``table`` takes on disk with its
-        indexes (one integer, ``NULL`` when there is no such table); ``quoted`` is the
-        name quoted for the connection. ``None`` where the vendor cannot tell."""
-        return None

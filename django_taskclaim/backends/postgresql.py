@@ -44,6 +44,11 @@ CLAIM_GATE_SPACE = _int32(b"django_taskclaim.claim_gate")
 CLAIM_GATE_IDLE_TIMEOUT = "5s"
 
 
+#: The CTEs of the keyed claim (:meth:`PostgreSQL.claim_keyed`) that its parts share: the
+#: candidates, those numbered per key, the rows picked.
+_CANDIDATES, _RANKED, _PICKED = '"taskclaim_c"', '"taskclaim_r"', '"taskclaim_p"'
+
+
 def table_key(table: str) -> int:
     """An int32 naming ``table`` (unquoted) in advisory-lock key pairs: the first half of
     the ``advisory`` strategy's row keys, the second half of the table's claim gate."""
@@ -145,25 +150,30 @@ class PostgreSQL(PostgreSQLNotify, PostgreSQLLocks, DatabaseSQL):
         status in the UPDATE keeps the claim safe even when the candidates took no row
         lock (PostgreSQL re-evaluates the condition on the newest row version).
         """
-        cte = '"taskclaim_c"'
-        sets = [
-            f"{c.status} = %s",
-            f"{c.version} = {c.table}.{c.version} + 1",
-            f"{c.attempts} = {c.table}.{c.attempts} + 1",
-            f"{c.locked_until} = {self.clock_sql} + %s * INTERVAL '1 second'",
-        ]
-        params: list[Any] = [*candidates.params, processing, lease]
-        if c.locked_by is not None:
-            sets.append(f"{c.locked_by} = %s")
-            params.append(worker)
-        params.append(ready)
+        cte = _CANDIDATES
+        sets, set_params = self._claim_sets(c, processing=processing, lease=lease, worker=worker)
         sql = (
             f'WITH {cte}("pk", "prev") AS MATERIALIZED ({candidates.sql}) '
             f"UPDATE {c.table} SET {', '.join(sets)} FROM {cte} "
             f'WHERE {c.table}.{c.pk} = {cte}."pk" AND {self._status_is(c)} '
             f'RETURNING {c.returning}, {cte}."prev" IS NOT NULL'
         )
-        return Statement(sql, tuple(params))
+        return Statement(sql, (*candidates.params, *set_params, ready))
+
+    def _claim_sets(
+        self, c: ClaimColumns, *, processing: Any, lease: float, worker: str
+    ) -> tuple[list[str], list[Any]]:
+        """The SET items of a claim and their parameters: ``processing``, token and
+        attempts + 1, the lease from the clock, then the optional columns
+        (:attr:`ClaimColumns.claim_writes`: the holder)."""
+        sets = [
+            f"{c.status} = %s",
+            f"{c.version} = {c.table}.{c.version} + 1",
+            f"{c.attempts} = {c.table}.{c.attempts} + 1",
+            f"{c.locked_until} = {self.clock_sql} + %s * INTERVAL '1 second'",
+        ]
+        written, params = self.written_sql(c.claim_writes, worker)
+        return [*sets, *written], [processing, lease, *params]
 
     durability_sql: ClassVar[str | None] = "SHOW synchronous_commit"
 
@@ -238,65 +248,65 @@ class PostgreSQL(PostgreSQLNotify, PostgreSQLLocks, DatabaseSQL):
         without one stays ``ready``. Two
         claimers that pick the same slot meet the unique constraint: the later one's
         statement fails whole, and is run again by the caller."""
-        cte, ranked, free, picked = (
-            '"taskclaim_c"',
-            '"taskclaim_r"',
-            '"taskclaim_f"',
-            '"taskclaim_p"',
-        )
-        order = ", ".join(
-            f'"o{i}" {"DESC" if desc else "ASC"} NULLS LAST' for i, desc in enumerate(descending)
-        )
-        names = ", ".join(
-            ['"pk"', '"prev"', '"key"', '"ahead"', *(f'"o{i}"' for i in range(len(descending)))]
-        )
+        picked = _PICKED
+        parts = self._keyed_ranked(candidates, descending)
         params: list[Any] = [*candidates.params]
-        parts = [
-            f"{cte}({names}) AS MATERIALIZED ({candidates.sql})",
-            f'{ranked} AS (SELECT * FROM (SELECT "pk", "prev", "key", "ahead", row_number() '
-            f'OVER (PARTITION BY "key" ORDER BY {order + ", " if order else ""}"pk") AS "rn" '
-            f'FROM {cte}) x WHERE "key" IS NULL OR "ahead" IS NULL OR "ahead" = "rn" - 1)',
-        ]
         if slot is None:
             parts.append(
-                f'{picked} AS (SELECT "pk", "prev", 0 AS "slot" FROM {ranked} '
+                f'{picked} AS (SELECT "pk", "prev", 0 AS "slot" FROM {_RANKED} '
                 f'WHERE "rn" <= 1 OR "key" IS NULL)'
             )
         else:
-            parts.append(
-                f'{free} AS (SELECT k."key", s."slot", row_number() OVER '
-                f'(PARTITION BY k."key" ORDER BY s."slot") AS "fn" '
-                f'FROM (SELECT DISTINCT "key" FROM {cte} WHERE "key" IS NOT NULL) k '
-                f'CROSS JOIN generate_series(0, CAST(%s AS integer)) AS s("slot") '
-                f'WHERE NOT EXISTS (SELECT 1 FROM {c.table} h WHERE h.{key} = k."key" '
-                f'AND h.{c.status} = %s AND h.{slot} = s."slot"))'
-            )
+            parts += self._keyed_free_slots(c, key=key, slot=slot)
             params += [limit - 1, processing]
-            parts.append(
-                f'{picked} AS (SELECT r."pk", r."prev", COALESCE(f."slot", 0) AS "slot" '
-                f'FROM {ranked} r LEFT JOIN {free} f ON f."key" = r."key" AND f."fn" = r."rn" '
-                f'WHERE r."key" IS NULL OR f."slot" IS NOT NULL)'
-            )
-        sets = [
-            f"{c.status} = %s",
-            f"{c.version} = {c.table}.{c.version} + 1",
-            f"{c.attempts} = {c.table}.{c.attempts} + 1",
-            f"{c.locked_until} = {self.clock_sql} + %s * INTERVAL '1 second'",
-        ]
-        params += [processing, lease]
-        if c.locked_by is not None:
-            sets.append(f"{c.locked_by} = %s")
-            params.append(worker)
+        sets, set_params = self._claim_sets(c, processing=processing, lease=lease, worker=worker)
         if slot is not None:
             sets.append(f'{slot} = {picked}."slot"')
-        params.append(ready)
         sql = (
             f"WITH {', '.join(parts)} "
             f"UPDATE {c.table} SET {', '.join(sets)} FROM {picked} "
             f'WHERE {c.table}.{c.pk} = {picked}."pk" AND {self._status_is(c)} '
             f'RETURNING {c.returning}, {picked}."prev" IS NOT NULL'
         )
-        return Statement(sql, tuple(params))
+        return Statement(sql, (*params, *set_params, ready))
+
+    @staticmethod
+    def _keyed_ranked(candidates: Statement, descending: Sequence[bool]) -> list[str]:
+        """The first CTEs of :meth:`claim_keyed`: the candidates (``"taskclaim_c"``,
+        materialized), then those a claim may take in key order, numbered per key
+        (``"taskclaim_r"``: ``rn``). No parameters beyond the candidates'."""
+        cte, ranked = _CANDIDATES, _RANKED
+        order = ", ".join(
+            f'"o{i}" {"DESC" if desc else "ASC"} NULLS LAST' for i, desc in enumerate(descending)
+        )
+        names = ", ".join(
+            ['"pk"', '"prev"', '"key"', '"ahead"', *(f'"o{i}"' for i in range(len(descending)))]
+        )
+        return [
+            f"{cte}({names}) AS MATERIALIZED ({candidates.sql})",
+            f'{ranked} AS (SELECT * FROM (SELECT "pk", "prev", "key", "ahead", row_number() '
+            f'OVER (PARTITION BY "key" ORDER BY {order + ", " if order else ""}"pk") AS "rn" '
+            f'FROM {cte}) x WHERE "key" IS NULL OR "ahead" IS NULL OR "ahead" = "rn" - 1)',
+        ]
+
+    @staticmethod
+    def _keyed_free_slots(c: ClaimColumns, *, key: str, slot: str) -> list[str]:
+        """The last CTEs of :meth:`claim_keyed` for a model with a slot column: each key's
+        free slots, numbered (``"taskclaim_f"``: ``fn``), and the n-th ranked row of a key
+        with its n-th free slot (``"taskclaim_p"``). Parameters: the highest slot number,
+        the processing value."""
+        cte, ranked, free, picked = _CANDIDATES, _RANKED, '"taskclaim_f"', _PICKED
+        return [
+            f'{free} AS (SELECT k."key", s."slot", row_number() OVER '
+            f'(PARTITION BY k."key" ORDER BY s."slot") AS "fn" '
+            f'FROM (SELECT DISTINCT "key" FROM {cte} WHERE "key" IS NOT NULL) k '
+            f'CROSS JOIN generate_series(0, CAST(%s AS integer)) AS s("slot") '
+            f'WHERE NOT EXISTS (SELECT 1 FROM {c.table} h WHERE h.{key} = k."key" '
+            f'AND h.{c.status} = %s AND h.{slot} = s."slot"))',
+            f'{picked} AS (SELECT r."pk", r."prev", COALESCE(f."slot", 0) AS "slot" '
+            f'FROM {ranked} r LEFT JOIN {free} f ON f."key" = r."key" AND f."fn" = r."rn" '
+            f'WHERE r."key" IS NULL OR f."slot" IS NOT NULL)',
+        ]
 
     def advisory_candidates_sql(self, candidates_sql: str, limit: int) -> str:
         """The first ``limit`` candidates (``pk``, ``prev``) whose transaction-scope advisory
@@ -338,8 +348,7 @@ class PostgreSQL(PostgreSQLNotify, PostgreSQLLocks, DatabaseSQL):
         t = '"taskclaim_t"'
         sets = [f"{c.status} = %s", f"{c.version} = {c.table}.{c.version} + 1"]
         sets.append(f"{c.locked_until} = NULL")
-        if c.finished_at is not None:
-            sets.append(f"{c.finished_at} = {self.clock_sql}")
+        sets += self.written_sql(c.complete_writes)[0]  # the clock or NULL: no parameter
         typed = [('"pk"', pk_type), ('"token"', version_type)]
         for i, (column, db_type) in enumerate(results):
             alias = f'"r{i}"'

@@ -2,7 +2,7 @@
 model's ``ClaimMeta.concurrency_key``) and ``taskclaim.E033`` (its constraint is partial on
 a database that ignores partial constraints).
 
-The rule they check is :func:`django_taskclaim.model.concurrency_keys.guard_of`, the one the
+The rule they check is :func:`django_taskclaim.claim.guard.guard_of`, the one the
 claims use; registered with the other checks when the app is ready (``checks/__init__.py``).
 """
 
@@ -15,11 +15,11 @@ from django.core import checks
 from django.db import router
 
 from django_taskclaim.backends import for_engine
+from django_taskclaim.claim.guard import guard_of
 from django_taskclaim.config.discovery import checked_models
 from django_taskclaim.config.options import ClaimOptions, get_options
 from django_taskclaim.config.settings import CHECK_TAG
 from django_taskclaim.exceptions import TaskClaimError
-from django_taskclaim.model.concurrency_keys import guard_of
 
 
 def _hint(opts: ClaimOptions) -> str:

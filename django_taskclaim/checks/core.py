@@ -10,6 +10,7 @@
   :mod:`django_taskclaim.checks.locks`
 - W004 a claimable model has no processing entry point (``process`` / ``ClaimMeta.handler``)
 - E004 invalid ``TASKCLAIM_POOLER_MODE``
+- E009 invalid ``TASKCLAIM_ATTEMPT_LOG``
 - E005 a numeric ``TASKCLAIM_*`` setting is not a finite number within its bounds
 - E006 ``TASKCLAIM_HEARTBEAT_INTERVAL`` cannot keep some model's lease alive (it is not
   under half that lease)
@@ -72,6 +73,15 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 f"TASKCLAIM_POOLER_MODE is {mode!r}.",
                 hint='Use None, "session" or "transaction" (pgBouncer pool_mode).',
                 id="taskclaim.E004",
+            )
+        )
+    log = taskclaim_settings.ATTEMPT_LOG
+    if log not in ("off", "errors", "all"):
+        errors.append(
+            checks.Error(
+                f"TASKCLAIM_ATTEMPT_LOG is {log!r}.",
+                hint='Use "errors" (the default), "all" or "off".',
+                id="taskclaim.E009",
             )
         )
     for alias, conf in settings.DATABASES.items():

@@ -18,6 +18,7 @@ from django.db import connections, models
 from django.db.models import F
 
 from django_taskclaim.backends import ClaimColumns, for_alias, for_connection
+from django_taskclaim.claim.resets import Change, apply_in_memory, plan, writes
 from django_taskclaim.db import DbNow
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.rules import held_q
@@ -57,16 +58,15 @@ class Strategy:
 
 
 def claim_updates(opts: ClaimOptions, lease: float, worker: str) -> dict[str, Any]:
-    """The ORM form of the SET clause of a claim."""
-    updates: dict[str, Any] = {
+    """The ORM form of the SET clause of a claim (its optional fields: ``RESETS``,
+    :mod:`django_taskclaim.claim.resets`)."""
+    return {
         opts.status_field: opts.value("processing"),
         "version": F("version") + 1,
         "attempts": F("attempts") + 1,
         "locked_until": DbNow() + timedelta(seconds=lease),
+        **writes(opts, Change.CLAIM, holder=worker),
     }
-    if opts.has("locked_by"):
-        updates["locked_by"] = worker
-    return updates
 
 
 #: Set on each claimed instance: whether the row came back from a holder that lost it
@@ -91,7 +91,7 @@ def was_recovered(task: Any) -> bool:
 def _sort(rows: list[models.Model], ordering: tuple[str, ...]) -> list[models.Model]:
     """Order claimed rows as the claim's ORDER BY did (``NULL`` last either way, as
     :func:`claim_order` asks the database for). Never raises on ``NULL`` values."""
-    if not rows:
+    if len(rows) < 2:  # nothing to order (a claim of one row: the hot path at batch 1)
         return rows
     # Ties in ``ordering`` come back in pk order (a claimed row always has its pk).
     rows.sort(key=attrgetter(rows[0]._meta.pk.attname))
@@ -112,8 +112,7 @@ def apply_claim(row: Any, opts: ClaimOptions, until: Any, worker: str) -> None:
     row.version += 1
     row.attempts += 1
     row.locked_until = until
-    if opts.has("locked_by"):
-        row.locked_by = worker
+    apply_in_memory(row, plan(opts, Change.CLAIM), holder=worker)
 
 
 def _mark_recovered(rows: list[Any], recovered: set[Any]) -> list[Any]:
@@ -157,13 +156,22 @@ def _claim_columns(model: type[models.Model], opts: ClaimOptions, conn: Any) -> 
         version=column(model, "version", qn),
         attempts=column(model, "attempts", qn),
         locked_until=column(model, "locked_until", qn),
-        locked_by=column(model, "locked_by", qn) if opts.has("locked_by") else None,
-        finished_at=column(model, "finished_at", qn) if opts.has("finished_at") else None,
+        claim_writes=_column_writes(model, opts, qn, Change.CLAIM),
+        complete_writes=_column_writes(model, opts, qn, Change.COMPLETE),
         returning=", ".join(f"{table}.{qn(f.column)}" for f in model._meta.concrete_fields),
         status_type=str(
             cast(models.Field, model._meta.get_field(opts.status_field)).cast_db_type(conn)
         ),
     )
+
+
+def _column_writes(
+    model: type[models.Model], opts: ClaimOptions, qn: Any, change: Change
+) -> tuple[tuple[str, str], ...]:
+    """What the vendor statement of ``change`` writes to the optional columns: the
+    quoted column and the :class:`~django_taskclaim.claim.resets.Write` value, from
+    :data:`~django_taskclaim.claim.resets.RESETS`."""
+    return tuple((column(model, name, qn), str(what)) for name, _, what in plan(opts, change))
 
 
 def claim_order(opts: ClaimOptions, using: str) -> tuple[str, ...]:

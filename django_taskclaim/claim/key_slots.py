@@ -21,9 +21,9 @@ from django.db.models.functions import Coalesce
 
 from django_taskclaim.backends import for_alias
 from django_taskclaim.claim.base import _order_by, claim_order, claim_updates
+from django_taskclaim.claim.guard import ConcurrencyGuard, guard_of
 from django_taskclaim.config.claim_meta import SLOT_FIELD
 from django_taskclaim.exceptions import ConfigurationError
-from django_taskclaim.model.concurrency_keys import ConcurrencyGuard, guard_of
 
 if TYPE_CHECKING:
     from django_taskclaim.config.claim_meta import Concurrency

@@ -12,7 +12,12 @@ from django_taskclaim.claim import keyed
 from django_taskclaim.claim.base import Strategy
 from django_taskclaim.claim.request import ClaimRequest
 from django_taskclaim.claim.skip_locked import SkipLocked
-from django_taskclaim.claim.statements import claim_returning, compiled_candidates
+from django_taskclaim.claim.statements import (
+    claim_returning,
+    compiled_candidates,
+    kept_claim,
+    run_claim,
+)
 
 if TYPE_CHECKING:
     pass
@@ -35,6 +40,9 @@ class Advisory(Strategy):
     def claim(self, r: ClaimRequest) -> list[models.Model]:
         if r.opts.concurrency is not None:
             return keyed.claim_one_statement(r, lock="advisory")
+        kept = kept_claim(r)
+        if kept is not None:
+            return run_claim(r, kept)
         sql, params = compiled_candidates(r, limit=max(r.n * 4, r.n + 8))
         candidates = cast(PostgreSQL, for_alias(r.db)).advisory_candidates_sql(sql, r.n)
         return claim_returning(r, candidates, (*params, advisory_table_key(r.model)))

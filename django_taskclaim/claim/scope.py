@@ -20,14 +20,21 @@ from django_taskclaim.claim.paused import paused_queues
 from django_taskclaim.claim.rate import claim_limited
 from django_taskclaim.exceptions import ConfigurationError
 
+#: The attribute :func:`on_queue` sets on the one queryset it returns: the filter it added,
+#: as part of the cache key. Django copies no such attribute to a clone, so a queryset
+#: derived from that one (another filter, an ``order_by()``…) has none.
+_FILTER_KEY = "_taskclaim_filter_key"
+
 
 def plain_key(qs: Any, strategy: str) -> tuple[Any, ...] | None:
     """A cache key for claims on ``qs`` when it has no filters, slicing, ``extra()``,
-    ``distinct()`` or set operation of the caller's: its claim SQL is then the same
-    every time. ``None`` otherwise (the SQL is compiled afresh)."""
+    ``distinct()`` or set operation of the caller's (or only the queue filter of
+    :func:`on_queue`): its claim SQL is then the same every time. ``None`` otherwise
+    (the SQL is compiled afresh)."""
     query = qs.query
+    added = qs.__dict__.get(_FILTER_KEY)
     if (
-        query.has_filters()
+        (added is None and query.has_filters())
         or query.is_sliced
         or query.extra
         or query.distinct
@@ -36,7 +43,20 @@ def plain_key(qs: Any, strategy: str) -> tuple[Any, ...] | None:
         or query.deferred_loading != (frozenset(), True)  # only() / defer()
     ):
         return None
+    if added is not None:
+        return (type(qs), qs.model, qs.db, strategy, added)
     return (type(qs), qs.model, qs.db, strategy)
+
+
+def on_queue(qs: Any, queue: str) -> Any:
+    """``qs.filter(queue_name=queue)`` whose claims compile their SQL once, as an
+    unfiltered queryset's do: when ``qs`` itself is plain (:func:`plain_key`), the
+    result carries the filter for its cache key (compiling a filtered claim costs more
+    than the rest of the claim's Python). The worker's ``--queue``."""
+    out = qs.filter(**{QUEUE_FIELD: queue})
+    if plain_key(qs, "") is not None and not out.query.is_sliced:
+        out.__dict__[_FILTER_KEY] = (QUEUE_FIELD, queue)
+    return out
 
 
 _CLAIMABLE: CappedCache[tuple[Any, ...], Any] = CappedCache()

@@ -17,7 +17,12 @@ from django_taskclaim.claim.base import (
     claim_updates,
 )
 from django_taskclaim.claim.request import ClaimRequest
-from django_taskclaim.claim.statements import claim_returning, compiled_candidates
+from django_taskclaim.claim.statements import (
+    claim_returning,
+    compiled_candidates,
+    kept_claim,
+    run_claim,
+)
 from django_taskclaim.db import DbNow
 
 if TYPE_CHECKING:
@@ -44,6 +49,9 @@ class SkipLocked(Strategy):
                 return keyed.claim_one_statement(r, lock="skip_locked")
             return keyed.claim_locked_in_transaction(r)
         if for_connection(conn).claims_in_one_statement:
+            kept = kept_claim(r)
+            if kept is not None:  # a worker's claims after its first: no text built
+                return run_claim(r, kept)
             sql, params = compiled_candidates(r)
             lock = conn.ops.for_update_sql(
                 skip_locked=True, of=(conn.ops.quote_name(r.model._meta.db_table),)

@@ -175,23 +175,56 @@ def fetch_claimed(conn: Any, statement: Statement, gate: Statement | None) -> li
         return list(cursor.fetchall())
 
 
+_CLAIMS: CappedCache[tuple[Any, ...], Statement] = CappedCache()
+
+
+def _claim_key(r: ClaimRequest) -> tuple[Any, ...] | None:
+    """What the whole claim statement of ``r`` depends on, where its candidates SQL is
+    kept (``r.cache_key``: the model, database and strategy): the batch size, the
+    model's options (statuses, columns), the lease and the holder. ``None`` otherwise."""
+    if r.cache_key is None:
+        return None
+    return (*r.cache_key, r.n, r.opts, r.lease, r.worker)
+
+
+def kept_claim(r: ClaimRequest) -> Statement | None:
+    """The claim statement :func:`claim_returning` built for an earlier claim exactly
+    like ``r`` (same key, :func:`_claim_key`), or ``None``: a worker claims with the same
+    batch size, lease and holder every time, so it builds each statement text once."""
+    key = _claim_key(r)
+    return None if key is None else _CLAIMS.get(key)
+
+
 def claim_returning(
     r: ClaimRequest, candidates_sql: str, candidates_params: tuple[Any, ...]
 ) -> list[models.Model]:
     """Claim the candidates (at most ``r.n`` rows) in one statement (the vendor's
-    :meth:`~django_taskclaim.backends.base.DatabaseSQL.claim`), behind the table's claim
-    gate when ``r.n`` is large enough (:func:`claim_gate`), and build the instances."""
-    qs, opts = r.qs, r.opts
-    model = qs.model
-    conn = connections[qs.db]
+    :meth:`~django_taskclaim.backends.base.DatabaseSQL.claim`, kept for
+    :func:`kept_claim`), behind the table's claim gate when ``r.n`` is large enough
+    (:func:`claim_gate`), and build the instances (:func:`run_claim`)."""
+    opts = r.opts
+    conn = connections[r.qs.db]
     statement = for_connection(conn).claim(
-        claim_columns(model, opts, conn),
+        claim_columns(r.qs.model, opts, conn),
         Statement(candidates_sql, candidates_params),
         processing=opts.value("processing"),
         ready=opts.value("ready"),
         lease=r.lease,
         worker=r.worker,
     )
+    key = _claim_key(r)
+    if key is not None:
+        _CLAIMS.put(key, statement)
+    return run_claim(r, statement)
+
+
+def run_claim(r: ClaimRequest, statement: Statement) -> list[models.Model]:
+    """Run ``r``'s one-statement claim (behind the claim gate when ``r.n`` is large
+    enough: :func:`claim_gate`) and return the claimed rows as instances, in claim
+    order, the recovered ones marked."""
+    qs, opts = r.qs, r.opts
+    model = qs.model
+    conn = connections[qs.db]
     fetched = fetch_claimed(conn, statement, claim_gate(qs, opts, r.n))
     recovered = [row[-1] for row in fetched]
     tasks = _instances(model, qs.db, [row[:-1] for row in fetched])

@@ -96,6 +96,14 @@ def number(
     ``must be a whole number`` / ``a finite number`` / ``> 0`` / ``>= 0`` /
     ``from LOW to HIGH``, whichever applies first.
     """
+    # The hot path (every claim checks its size and lease): a plain int, or a float
+    # where fractions are allowed, within the bound. NaN and infinities are never
+    # within it, ``bool`` is not ``int`` by type: everything else takes the checks below.
+    kind_of = type(value)
+    if (kind_of is int or (kind_of is float and not bound.whole)) and (
+        bound.low <= value <= bound.high
+    ):
+        return value if bound.whole else float(value)
     if seconds and isinstance(value, timedelta):
         value = value.total_seconds()
     kind: type = int if bound.whole else float

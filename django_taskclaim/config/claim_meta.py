@@ -19,19 +19,28 @@ from django.db import models
 from django_taskclaim.config import bounds
 from django_taskclaim.config.rate_limits import RateLimit, rate_limits_of
 from django_taskclaim.exceptions import ConfigurationError, NotClaimableError
-from django_taskclaim.model.status import STATE_NAMES, Status
+from django_taskclaim.row.status import STATE_NAMES, Status
 
 REQUIRED_FIELDS = ("version", "locked_until", "attempts")
 #: Fields only the library's fenced operations write; a plain ``save()`` of an existing
 #: row leaves them alone so that editing a row's data never un-claims it.
 CLAIM_STATE_FIELDS = frozenset(
-    {"version", "locked_until", "locked_by", "attempts", "finished_at", "last_error"}
+    {
+        "version",
+        "locked_until",
+        "locked_by",
+        "attempts",
+        "claimed_at",
+        "finished_at",
+        "last_error",
+    }
 )
 OPTIONAL_FIELDS = (
     "locked_by",
     "run_after",
     "priority",
     "created_at",
+    "claimed_at",  # when the current or last attempt was claimed (database clock)
     "finished_at",
     "last_error",
     "task_timeout",  # a row's own deadline (seconds or a timedelta); None: ClaimMeta.timeout
@@ -61,6 +70,7 @@ _STATIC = (
     "rate_limit",
     "rate_limit_per",
     "key_rate_limit",
+    "dependents",
 )
 #: The field a model with ``concurrency_limit > 1`` keeps its slot number in.
 SLOT_FIELD = "concurrency_slot"

@@ -44,7 +44,7 @@ from django_taskclaim.config.claim_meta import (
 from django_taskclaim.config.rate_limits import RateLimit
 from django_taskclaim.config.settings import PREFIX, taskclaim_settings
 from django_taskclaim.exceptions import ConfigurationError, NotClaimableError
-from django_taskclaim.model.claimable import Claimable
+from django_taskclaim.row.claimable import Claimable
 
 _cache: dict[type[models.Model], ClaimOptions] = {}
 
@@ -71,6 +71,10 @@ class ClaimOptions:
 
     @property
     def label(self) -> str:
+        return self._label
+
+    @cached_property
+    def _label(self) -> str:
         return _label(self._s.model)
 
     @property
@@ -140,6 +144,19 @@ class ClaimOptions:
                 "it must be another table (django_taskclaim.recovery.archive.archive_of builds one)"
             )
         return target
+
+    @cached_property
+    def dependents(self) -> bool:
+        """``ClaimMeta.dependents``: rows of this model may be prerequisites of other rows
+        (``after=``), so each of their final settles releases its dependents in its own
+        transaction (:mod:`django_taskclaim.settle.dependents`). Off by default: a model
+        whose rows nobody waits for settles with no extra statement."""
+        value = getattr(self._s.meta, "dependents", False)
+        if not isinstance(value, bool):
+            raise ConfigurationError(
+                f"{self.label} ClaimMeta.dependents must be True or False, got {value!r}"
+            )
+        return value
 
     def has(self, field: str) -> bool:
         """Whether the model has the optional bookkeeping field ``field``."""
@@ -308,7 +325,11 @@ def get_options(model: type[models.Model] | models.Model | Claimable) -> ClaimOp
     archive (:func:`is_archive`) and :class:`ConfigurationError` if its ``ClaimMeta`` is
     invalid.
     """
-    cls = cast(type[models.Model], model if isinstance(model, type) else type(model))
+    seen: Any = model if isinstance(model, type) else type(model)
+    found = _cache.get(seen)  # the hot path: a model seen before (no cast(): a call each)
+    if found is not None:
+        return found
+    cls = cast(type[models.Model], seen)
     if cls._meta.proxy:
         cls = cast(type[models.Model], cls._meta.concrete_model)
     options = _cache.get(cls)
@@ -319,6 +340,7 @@ def get_options(model: type[models.Model] | models.Model | Claimable) -> ClaimOp
                 "its rows are never claimed"
             )
         options = _cache[cls] = ClaimOptions(_build_static(cls))
+    _cache[seen] = options  # a proxy finds its concrete model's options at once
     return options
 
 

@@ -139,6 +139,8 @@ class TaskClaimSettings:
     )
     # seconds a worker may hold completions to write them in one batch
     ACK_WINDOW: Setting[float] = Setting(float, 0.05, Bound(0.0, 60.0))
+    # seconds a --burst worker retries a database that keeps failing before it exits 6
+    BURST_GIVE_UP: Setting[float] = Setting(float, 30.0, Bound(1.0, DAY))
     # seconds; None = a third of the lease
     HEARTBEAT_INTERVAL: Setting[float | None] = Setting(
         float, None, Bound(0.01, 15 * DAY), none_allowed=True
@@ -152,6 +154,15 @@ class TaskClaimSettings:
     )  # None | "session" | "transaction"
     # Monitoring: the bearer token the metrics view accepts; None = staff users only
     METRICS_TOKEN: Setting[str | None] = Setting(str, None, none_allowed=True)
+    # Each attempt's story (taskclaim.TaskAttempt): which attempts workers record ("errors":
+    # those that did not end done; "all"; "off") and how many are kept per row
+    ATTEMPT_LOG: Setting[str] = Setting(str, "errors")
+    ATTEMPTS_KEPT: Setting[int] = Setting(int, 10, Bound(1, 1000, whole=True))
+    # seconds between two samples of a model's ready / processing rows (the admin's queue
+    # depth chart), taken by one worker per model; None = no samples
+    DEPTH_SAMPLE_INTERVAL: Setting[float | None] = Setting(
+        float, 60.0, Bound(10.0, 3600.0), none_allowed=True
+    )
 
     if not TYPE_CHECKING:  # at run time only: mypy reports an unknown name instead
 

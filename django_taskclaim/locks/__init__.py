@@ -47,14 +47,13 @@ if TYPE_CHECKING:  # the same names, for type checkers
     )
     from django_taskclaim.locks.lease import (
         MAX_TTL,
-        MIN_RENEW_EVERY,
         MIN_TTL,
         LeaseLock,
         LeaseState,
         lease_lock,
     )
     from django_taskclaim.locks.lease_sql import break_lease
-    from django_taskclaim.locks.renewer import safety_margin
+    from django_taskclaim.locks.renewer import MIN_RENEW_EVERY, safety_margin
     from django_taskclaim.locks.singleton_lock import SKIPPED, singleton
 
 #: Each public name and the module that defines it, imported on first use: importing
@@ -77,7 +76,7 @@ _LAZY = {
     "advisory_key": "django_taskclaim.locks.keys",
     "normalize_key": "django_taskclaim.locks.keys",
     "MAX_TTL": "django_taskclaim.locks.lease",
-    "MIN_RENEW_EVERY": "django_taskclaim.locks.lease",
+    "MIN_RENEW_EVERY": "django_taskclaim.locks.renewer",
     "MIN_TTL": "django_taskclaim.locks.lease",
     "LeaseLock": "django_taskclaim.locks.lease",
     "LeaseState": "django_taskclaim.locks.lease",

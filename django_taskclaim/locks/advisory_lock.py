@@ -140,6 +140,24 @@ class AdvisoryLock:
         key = normalize_key(self.key)
         conn = connections[self.using]
         sql = for_connection(conn)
+        self._refuse_unfit(conn, sql)
+        lock_id = sql.advisory_lock_id(key, str(conn.settings_dict["NAME"]))
+        entered = self._take(conn, sql, lock_id)
+        if entered.acquired:
+            self._entries.stack.append(entered)
+            logger.debug("advisory lock acquired key=%s using=%s", self.key, self.using)
+            return True
+        if self.on_fail == "raise":
+            entered.end_transaction()
+            what = "timed out" if self.timeout else "is held elsewhere"
+            raise LockNotAcquired(f"advisory lock {self.key!r} {what}")
+        self._entries.stack.append(entered)
+        return False
+
+    def _refuse_unfit(self, conn: Any, sql: DatabaseSQL) -> None:
+        """Raise :class:`LockUsageError` where this lock cannot do what it says: a
+        database without advisory locks, a session lock behind a transaction pooler, a
+        shared or in-transaction MySQL/MariaDB named lock."""
         if sql.advisory_kind is None:
             raise LockUsageError(
                 f"advisory locks need PostgreSQL or MySQL/MariaDB; {sql.vendor} has none. "
@@ -171,7 +189,11 @@ class AdvisoryLock:
                 "it commits, so it cannot run inside an atomic() block. Enter it outside "
                 "the transaction, or use xact=False (released when the block ends)."
             )
-        lock_id = sql.advisory_lock_id(key, str(conn.settings_dict["NAME"]))
+
+    def _take(self, conn: Any, sql: DatabaseSQL, lock_id: tuple[Any, ...]) -> Entered:
+        """Ask for the lock (in a transaction of the block's own where its scope needs
+        one; rolled back if asking raises) and say what the exit will need."""
+        named = sql.advisory_kind == "named"
         atomic: transaction.Atomic | None = None
         try:
             # Transaction scope: the lock lives as long as the transaction. Open one
@@ -185,23 +207,13 @@ class AdvisoryLock:
             if atomic is not None:
                 atomic.__exit__(type(exc), exc, exc.__traceback__)
             raise
-        entered = Entered(
+        return Entered(
             lock_id=lock_id,
             session=not self.xact or named,
             atomic=atomic,
             acquired=acquired,
             raw=conn.connection if acquired else None,
         )
-        if acquired:
-            self._entries.stack.append(entered)
-            logger.debug("advisory lock acquired key=%s using=%s", self.key, self.using)
-            return True
-        if self.on_fail == "raise":
-            entered.end_transaction()
-            what = "timed out" if self.timeout else "is held elsewhere"
-            raise LockNotAcquired(f"advisory lock {self.key!r} {what}")
-        self._entries.stack.append(entered)
-        return False
 
     def _acquire(self, conn: Any, sql: DatabaseSQL, lock_id: tuple[Any, ...]) -> bool:
         try_ = not self.wait or self.timeout == 0

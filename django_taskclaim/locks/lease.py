@@ -5,7 +5,6 @@ clock, fenced by a token (:class:`LeaseLock`). The statements are the vendor's, 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 import uuid
@@ -14,19 +13,16 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
-from django.db import DatabaseError, connections, router, transaction
+from django.db import DatabaseError, connections, router
 
-from django_taskclaim.backends import DatabaseSQL, LeaseTable, for_connection
+from django_taskclaim.backends import DatabaseSQL, LeaseTable
 from django_taskclaim.config import bounds
 from django_taskclaim.config.settings import taskclaim_settings
-from django_taskclaim.db import (
-    default_worker_id,
-    in_user_atomic,
-)
+from django_taskclaim.db import default_worker_id, in_user_atomic
 from django_taskclaim.exceptions import LockLost, LockNotAcquired, LockUsageError
 from django_taskclaim.locks.keys import validate_lease_key
-from django_taskclaim.locks.lease_sql import lease_statement, lock_wait
-from django_taskclaim.locks.renewer import ScheduledRenewer, safety_margin
+from django_taskclaim.locks.lease_sql import bounded_lease_statement, lease_statement
+from django_taskclaim.locks.renewer import ScheduledRenewer, renew_interval, safety_margin
 from django_taskclaim.locks.state import LeaseState
 
 logger = logging.getLogger("django_taskclaim.locks")
@@ -34,11 +30,6 @@ logger = logging.getLogger("django_taskclaim.locks")
 #: Shortest and longest lease a :class:`LeaseLock` takes (a shorter one would end before
 #: its own statement returned; a longer one is a typo that would wedge the key for ages).
 MIN_TTL, MAX_TTL = bounds.LOCK_TTL.low, bounds.LOCK_TTL.high
-#: Shortest auto-renewal interval (anything shorter is a busy loop on the database).
-MIN_RENEW_EVERY = 0.01
-#: Fewest renewal attempts per ttl (``auto_renew=True`` makes four): one that does not land
-#: is tried again before the lease can end.
-RENEWALS_PER_TTL = 3
 
 
 def validate_ttl(ttl: Any) -> float:
@@ -83,6 +74,10 @@ class LeaseLock:
     object); it must not be shared by two holders. One object is for one thread.
     """
 
+    #: Why the last acquire() did not take the lease (the ``with`` statement's error);
+    #: set by every acquire() that returns ``False``.
+    _refused: str
+
     def __init__(
         self,
         key: str,
@@ -103,21 +98,7 @@ class LeaseLock:
             raise LockUsageError("owner must be a non-empty string of at most 255 characters")
         self.owner = owner
         self.using = using or router.db_for_write(Lease)
-        longest = self.ttl / RENEWALS_PER_TTL
-        if isinstance(auto_renew, bool):
-            self.renew_every: float | None = self.ttl / 4 if auto_renew else None
-        elif (
-            isinstance(auto_renew, int | float)
-            and math.isfinite(auto_renew)
-            and MIN_RENEW_EVERY <= auto_renew <= longest
-        ):
-            self.renew_every = float(auto_renew)
-        else:
-            raise LockUsageError(
-                f"auto_renew is True/False or an interval from {MIN_RENEW_EVERY:g} s to "
-                f"ttl/{RENEWALS_PER_TTL} = {longest:g} s, well below ttl={self.ttl:g} s "
-                f"(a renewal that does not land must be retried in time), got {auto_renew!r}"
-            )
+        self.renew_every = renew_interval(auto_renew, self.ttl)
         self._lease = LeaseState()
         self._guard = threading.Lock()  # serialises the read-modify-replace of _lease
         self._lost_flag = threading.Event()  # this acquisition's; set once it is lost
@@ -197,6 +178,7 @@ class LeaseLock:
             self._lost_flag = threading.Event()
         if token is None:
             logger.debug("lease busy key=%s owner=%s", self.key, self.owner)
+            self._refused = "is held by another owner"
             return False
         if time.monotonic() >= self._lease.deadline:
             # The statement took longer than the lease (it waited on the row's lock): the
@@ -209,7 +191,15 @@ class LeaseLock:
                 token,
                 self.ttl,
             )
-            self.release()
+            with self._guard:
+                self._lease = replace(self._lease, token=None)
+            # Past the local deadline release() sends nothing; this acquisition's row is
+            # still ours in the database (fenced on its token): end it now, not at its ttl.
+            self._send_release(token)
+            self._refused = (
+                f"was taken too late (its statement took longer than ttl={self.ttl:g}s: a "
+                "slow or contended database) and given back"
+            )
             return False
         logger.debug("lease acquired key=%s owner=%s token=%s", self.key, self.owner, token)
         return True
@@ -240,7 +230,10 @@ class LeaseLock:
         def step(sql: DatabaseSQL, cursor: Any, t: LeaseTable) -> bool:
             return sql.lease_renew(cursor, t, self.key, self.owner, token, seconds)
 
-        ok = self._statement(step) if lock_wait is None else self._bounded(step, lock_wait)
+        if lock_wait is None:
+            ok = self._statement(step)
+        else:
+            ok = bounded_lease_statement(self.using, step, lock_wait)
         if not ok:
             self._mark_lost("taken over: the renewal matched nothing", token=token)
             return False
@@ -262,20 +255,6 @@ class LeaseLock:
         :func:`~.lease_sql.lease_statement`)."""
         return lease_statement(self.using, step)
 
-    def _bounded[T](self, step: Callable[[DatabaseSQL, Any, LeaseTable], T], wait: float) -> T:
-        """Run ``step`` once, its row-lock waits bounded to ``wait`` seconds (in a short
-        transaction of its own where the vendor's bound needs one)."""
-        conn = connections[self.using]
-        sql = for_connection(conn)
-        table = LeaseTable.of(conn)
-        bound = lock_wait(sql, wait)
-        if bound is None:
-            with conn.cursor() as cursor:
-                return step(sql, cursor, table)
-        with transaction.atomic(using=self.using), conn.cursor() as cursor:
-            cursor.execute(*bound)
-            return step(sql, cursor, table)
-
     def release(self) -> bool:
         """Give the lease up now; ``True`` if it was still ours, ``False`` if it was lost.
 
@@ -293,9 +272,24 @@ class LeaseLock:
             self._lease = replace(self._lease, token=None)
         if expired:
             return False
+        ok = self._send_release(token)
+        if ok is False:
+            self._mark_lost("taken over before release", token=token)
+        elif ok:
+            logger.debug("lease released key=%s owner=%s token=%s", self.key, self.owner, token)
+        return bool(ok)
+
+    def _send_release(self, token: int) -> bool | None:
+        """The fenced release statement of acquisition ``token``: whether it was still
+        ours; ``None`` when the database failed (logged, the connection reset: the lease
+        then ends at its ttl)."""
         try:
-            ok = self._statement(
-                lambda sql, cursor, t: sql.lease_release(cursor, t, self.key, self.owner, token),
+            return bool(
+                self._statement(
+                    lambda sql, cursor, t: sql.lease_release(
+                        cursor, t, self.key, self.owner, token
+                    ),
+                )
             )
         except DatabaseError as exc:
             logger.warning(
@@ -307,12 +301,7 @@ class LeaseLock:
             )
             if not in_user_atomic(self.using):
                 connections[self.using].close()  # the next statement reconnects
-            return False
-        if not ok:
-            self._mark_lost("taken over before release", token=token)
-        else:
-            logger.debug("lease released key=%s owner=%s token=%s", self.key, self.owner, token)
-        return ok
+            return None
 
     def check(self) -> None:
         """Raise :class:`LockLost` unless the lease is held.
@@ -382,7 +371,7 @@ class LeaseLock:
                 "lease row. Take it outside the transaction, or without auto_renew."
             )
         if not self.acquire():
-            raise LockNotAcquired(f"lease {self.key!r} is held by another owner")
+            raise LockNotAcquired(f"lease {self.key!r} {self._refused}")
         self._start_renewer()
         return self
 

@@ -2,7 +2,8 @@
 
 :func:`lease_statement` runs one step of the vendor's lease statements (in
 :mod:`django_taskclaim.backends`) on its own cursor, retrying transient errors;
-:func:`lock_wait` is the vendor's bound on a statement's row-lock wait; both serve
+:func:`bounded_lease_statement` runs one with its row-lock wait bounded (by
+:func:`lock_wait`, the vendor's bound on a statement's row-lock wait); they serve
 :class:`~django_taskclaim.locks.lease.LeaseLock`. :func:`break_lease` expires held leases
 at once and bumps their tokens (the ``taskclaim.Lease`` admin's action), so that each
 holder is fenced.
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.db import connections, models
+from django.db import connections, models, transaction
 from django.db.models import F
 
 from django_taskclaim.backends import DatabaseSQL, LeaseTable, Statement, for_connection
@@ -49,6 +50,24 @@ def lock_wait(sql: DatabaseSQL, seconds: float) -> Statement | None:
         return sql.set_lock_timeout(f"{max(1, int(seconds * 1000))}ms")
     except NotImplementedError:
         return None
+
+
+def bounded_lease_statement[T](
+    using: str, step: Callable[[DatabaseSQL, Any, LeaseTable], T], wait: float
+) -> T:
+    """Run one lease ``step`` on ``using`` once (no retry), its row-lock waits bounded to
+    ``wait`` seconds (in a short transaction of its own where the vendor's bound needs
+    one); past the bound it raises the vendor's lock timeout error."""
+    conn = connections[using]
+    sql = for_connection(conn)
+    table = LeaseTable.of(conn)
+    bound = lock_wait(sql, wait)
+    if bound is None:
+        with conn.cursor() as cursor:
+            return step(sql, cursor, table)
+    with transaction.atomic(using=using), conn.cursor() as cursor:
+        cursor.execute(*bound)
+        return step(sql, cursor, table)
 
 
 def break_lease(leases: models.QuerySet) -> int:

@@ -3,28 +3,83 @@
 :class:`Renewer` renews on a plain interval; :class:`ScheduledRenewer` (the one
 ``LeaseLock`` starts) on a cadence counted from the sends, with a watchdog;
 :func:`safety_margin` is how long before its ttl a holder considers its lease over (the
-lock's local deadline, which both the lock and the watchdog read)."""
+lock's local deadline, which both the lock and the watchdog read). A renewer knows the
+lock it renews only as a :class:`RenewedLease` (the lease module imports this one, never
+the other way round)."""
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from django.db import DatabaseError, connections
 
 from django_taskclaim.db import is_lock_timeout, is_transient
-
-if TYPE_CHECKING:
-    from django_taskclaim.locks.lease import LeaseLock
+from django_taskclaim.exceptions import LockUsageError
+from django_taskclaim.locks.state import LeaseState
 
 logger = logging.getLogger("django_taskclaim.locks")
 
 #: Longest pause before a renewal that did not land (a lock wait timed out, the row was
 #: busy, the connection failed) is tried again.
 RENEW_RETRY_PAUSE = 0.05
+#: Shortest auto-renewal interval (anything shorter is a busy loop on the database).
+MIN_RENEW_EVERY = 0.01
+#: Fewest renewal attempts per ttl (``auto_renew=True`` makes four): one that does not land
+#: is tried again before the lease can end.
+RENEWALS_PER_TTL = 3
+
+
+def renew_interval(auto_renew: object, ttl: float) -> float | None:
+    """Seconds between two renewals of a lease of ``ttl`` for a lock's ``auto_renew``:
+    ``False``: none; ``True``: ``ttl / 4``; a number from :data:`MIN_RENEW_EVERY` to
+    ``ttl /`` :data:`RENEWALS_PER_TTL`: that. Raise :class:`LockUsageError` otherwise."""
+    longest = ttl / RENEWALS_PER_TTL
+    if isinstance(auto_renew, bool):
+        return ttl / 4 if auto_renew else None
+    if (
+        isinstance(auto_renew, int | float)
+        and math.isfinite(auto_renew)
+        and MIN_RENEW_EVERY <= auto_renew <= longest
+    ):
+        return float(auto_renew)
+    raise LockUsageError(
+        f"auto_renew is True/False or an interval from {MIN_RENEW_EVERY:g} s to "
+        f"ttl/{RENEWALS_PER_TTL} = {longest:g} s, well below ttl={ttl:g} s "
+        f"(a renewal that does not land must be retried in time), got {auto_renew!r}"
+    )
+
+
+class RenewedLease(Protocol):
+    """What a renewer needs of the lock it renews (a :class:`~.lease.LeaseLock`): its
+    key, database and ttl, what it knows of its lease, a renewal (plain, or with its
+    row-lock wait bounded) and the marking of the lease as lost."""
+
+    key: str
+    using: str
+    ttl: float
+
+    @property
+    def token(self) -> int | None: ...
+
+    @property
+    def state(self) -> LeaseState: ...
+
+    @property
+    def held(self) -> bool: ...
+
+    @property
+    def seconds_left(self) -> float: ...
+
+    def renew(self, ttl: float | None = None) -> bool: ...
+
+    def _renew(self, *, lock_wait: float | None, ttl: float | None = None) -> bool: ...
+
+    def _mark_lost(self, why: str, *, token: int | None = None) -> None: ...
 
 
 def safety_margin(ttl: float) -> float:
@@ -44,7 +99,7 @@ class Renewer(threading.Thread):
     network) does not keep :attr:`LeaseLock.held` true, and ``stop()`` does not wait for
     it beyond its timeout (the thread is a daemon)."""
 
-    def __init__(self, lock: LeaseLock, interval: float) -> None:
+    def __init__(self, lock: RenewedLease, interval: float) -> None:
         super().__init__(name=f"taskclaim-lease-{lock.key}", daemon=True)
         self.lock = lock
         self.interval = interval
@@ -88,7 +143,7 @@ class ScheduledRenewer(Renewer):
     watchdog that marks the lease lost (``lost``, the cancel flag, ``check()``) the moment
     its local deadline passes without a renewal, even while a statement hangs."""
 
-    def __init__(self, lock: LeaseLock, interval: float) -> None:
+    def __init__(self, lock: RenewedLease, interval: float) -> None:
         super().__init__(lock, interval)
         self._watchdog = threading.Thread(
             target=self._watch, name=f"taskclaim-lease-watch-{lock.key}", daemon=True

@@ -62,16 +62,7 @@ def singleton(
     A bad ``backend``, ``ttl`` or key raises :class:`LockUsageError`, an ``xact`` that is
     not a bool ``TypeError``, when the function is decorated.
     """
-    if not isinstance(xact, bool):
-        raise TypeError(f"singleton(xact=...) is True or False, got {xact!r}")
-    if backend not in ("lease", "advisory"):
-        raise LockUsageError(f'singleton backend is "lease" or "advisory", got {backend!r}')
-    if backend == "lease":
-        ttl = validate_ttl(ttl)
-        if key is not None and not callable(key):
-            validate_lease_key(key)
-    elif key is not None and not callable(key):
-        normalize_key(key)
+    ttl = _checked(key, ttl=ttl, backend=backend, xact=xact)
 
     def decorate(func: F) -> F:
         name = key if key is not None else dotted_path(func)
@@ -80,18 +71,7 @@ def singleton(
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if backend == "lease":
                 lock = LeaseLock(name, ttl, using=using, auto_renew=True)
-                try:
-                    lock.__enter__()
-                except LockNotAcquired:
-                    _log_skip(name, backend)
-                    return SKIPPED
-                try:
-                    result = func(*args, **kwargs)
-                except BaseException as exc:
-                    lock.__exit__(type(exc), exc, exc.__traceback__)
-                    raise
-                lock.__exit__(None, None, None)
-                return result
+                return _run_leased(lock, name, func, args, kwargs)
             with AdvisoryLock(name, xact=xact, wait=False, using=using, on_fail="return") as got:
                 if not got:
                     _log_skip(name, backend)
@@ -104,6 +84,42 @@ def singleton(
         func, key = key, None
         return decorate(func)
     return decorate
+
+
+def _checked(key: Any, *, ttl: float | None, backend: str, xact: Any) -> float | None:
+    """Refuse a bad ``xact`` (``TypeError``), ``backend``, ``ttl`` or key
+    (:class:`LockUsageError`) of :func:`singleton`; the ttl it takes, in seconds (a lease's;
+    as given for an advisory lock)."""
+    if not isinstance(xact, bool):
+        raise TypeError(f"singleton(xact=...) is True or False, got {xact!r}")
+    if backend not in ("lease", "advisory"):
+        raise LockUsageError(f'singleton backend is "lease" or "advisory", got {backend!r}')
+    if backend == "lease":
+        ttl = validate_ttl(ttl)
+        if key is not None and not callable(key):
+            validate_lease_key(key)
+    elif key is not None and not callable(key):
+        normalize_key(key)
+    return ttl
+
+
+def _run_leased(
+    lock: LeaseLock, name: Any, func: Callable[..., Any], args: Any, kwargs: Any
+) -> Any:
+    """``func(*args, **kwargs)`` under ``lock`` (:data:`SKIPPED` where it is held
+    elsewhere); the lock's exit sees the function's exception, if any."""
+    try:
+        lock.__enter__()
+    except LockNotAcquired:
+        _log_skip(name, "lease")
+        return SKIPPED
+    try:
+        result = func(*args, **kwargs)
+    except BaseException as exc:
+        lock.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    lock.__exit__(None, None, None)
+    return result
 
 
 def _log_skip(key: Any, backend: str) -> None:

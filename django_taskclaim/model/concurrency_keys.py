@@ -14,29 +14,25 @@ once, because a unique constraint that follows the status says so:
 - :func:`concurrency_slot` — the slot field a limit above 1 needs: each claim writes a
   free slot number ``0 … limit-1`` and the constraint covers ``(key, slot)``.
 
-:func:`guard_of` finds the constraint on a model; the system check ``taskclaim.E032``
-refuses a keyed model without one, ``taskclaim.E033`` a partial one on a database that
-ignores partial constraints.
+:func:`django_taskclaim.claim.guard.guard_of` finds the constraint on a model (the claim
+fills slots through it); the system check ``taskclaim.E032`` refuses a keyed model without
+one, ``taskclaim.E033`` a partial one on a database that ignores partial constraints.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from django.db import models
 from django.db.models import Case, F, GeneratedField, Q, UniqueConstraint, Value, When
 from django.utils.translation import gettext_lazy as _
 
 from django_taskclaim.config.claim_meta import SLOT_FIELD
-from django_taskclaim.config.options import ClaimOptions, get_options
-from django_taskclaim.model.status import Status
+from django_taskclaim.row.status import Status
 
 __all__ = [
-    "ConcurrencyGuard",
     "concurrency_constraint",
     "concurrency_slot",
-    "guard_of",
     "processing_key",
 ]
 
@@ -95,81 +91,3 @@ def concurrency_constraint(
     if generated:
         return UniqueConstraint(fields=fields, name=name)
     return UniqueConstraint(fields=fields, condition=Q(**{status_field: processing}), name=name)
-
-
-@dataclass(frozen=True)
-class ConcurrencyGuard:
-    """The unique constraint enforcing a model's concurrency key: its name, its
-    (unquoted) table and columns, whether it is partial (has a condition), and the
-    field holding the key."""
-
-    name: str
-    table: str
-    columns: tuple[str, ...]
-    partial: bool
-    #: The constrained field that holds the key: the key itself (partial form) or the
-    #: generated column (NULL unless processing), for lookups its index serves.
-    held: str
-
-
-def _follows_status(field: Any, opts: ClaimOptions, key: str) -> bool:
-    """Whether ``field`` is a generated column equal to ``key`` while processing, else NULL."""
-    if not isinstance(field, GeneratedField):
-        return False
-    expr = cast(Any, field).expression
-    if not isinstance(expr, Case) or len(expr.cases) != 1:
-        return False
-    when = expr.cases[0]
-    default = expr.default
-    return (
-        isinstance(when, When)
-        and when.condition == Q(**{opts.status_field: opts.value("processing")})
-        and when.result == F(key)
-        and isinstance(default, Value)
-        and default.value is None
-    )
-
-
-def guard_of(model: type[models.Model]) -> ConcurrencyGuard | None:
-    """The constraint of ``model`` that makes the database enforce its concurrency key,
-    or ``None`` when it has none (or no key). A limit of 1 accepts a constraint on the
-    key alone; any limit accepts one on (key, ``concurrency_slot``)."""
-    opts = get_options(model)
-    conc = opts.concurrency
-    if conc is None:
-        return None
-    meta = model._meta
-    held = {conc.key: False}  # field name -> is a generated "processing key"
-    for field in meta.concrete_fields:
-        if _follows_status(field, opts, conc.key):
-            held[field.name] = True
-    wanted_sets = []
-    if conc.slot is not None:
-        wanted_sets.append(lambda f: {f, SLOT_FIELD})
-    if conc.limit == 1:
-        wanted_sets.append(lambda f: {f})
-    for constraint in meta.constraints:
-        if not isinstance(constraint, UniqueConstraint) or not constraint.fields:
-            continue
-        if constraint.expressions or constraint.deferrable or getattr(constraint, "include", None):
-            continue
-        names = set(constraint.fields)
-        for field_name, generated in held.items():
-            if not any(names == wanted(field_name) for wanted in wanted_sets):
-                continue
-            condition = constraint.condition
-            if generated and condition is not None:
-                continue
-            if not generated and condition != Q(**{opts.status_field: opts.value("processing")}):
-                continue
-            return ConcurrencyGuard(
-                name=str(constraint.name),
-                table=str(meta.db_table),
-                columns=tuple(
-                    str(meta.get_field(f).column)  # type: ignore[union-attr]
-                    for f in constraint.fields
-                ),
-                partial=condition is not None,
-                held=field_name,
-            )
-    return None

@@ -16,14 +16,15 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import models, router
+from django.db import models, router, transaction
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
 from django_taskclaim.config import bounds
 from django_taskclaim.config.claim_meta import CLAIM_STATE_FIELDS, SLOT_FIELD
 from django_taskclaim.config.options import ClaimOptions, get_options
-from django_taskclaim.exceptions import ConfigurationError, NotClaimableError
+from django_taskclaim.exceptions import ConfigurationError, DependencyError, NotClaimableError
+from django_taskclaim.settle.dependents import plan_after, write_edges
 from django_taskclaim.wakeup.notify import notify
 
 #: Fields a producer may not set: the library writes them (``created_at`` is the FIFO key,
@@ -140,11 +141,38 @@ def build_rows(model: type[models.Model], rows: Iterable[Any]) -> list[Any]:
     return out
 
 
+def create_after(
+    queryset: models.QuerySet, fields: dict[str, Any], after: Any, on_failure: str
+) -> Any:
+    """``create(**fields)`` of a row that waits for the rows ``after`` (docs/workflows.md):
+    the row, its edges and the lock on its prerequisites in one transaction; it starts
+    ``waiting`` (or ``ready`` when every prerequisite is done already, or ``cancelled``
+    when one failed and ``on_failure`` is ``cancel``). The body of ``create(after=…)``."""
+    model = queryset.model
+    if model._meta.proxy:
+        model = model._meta.concrete_model
+    opts = get_options(model)
+    using = queryset.db
+    obj = model(**fields)
+    with transaction.atomic(using=using):
+        plan = plan_after(model, after, using, on_failure=on_failure, rows=[obj])
+        plan.apply(opts, obj)
+        obj.save(force_insert=True, using=using)  # a ready row notifies from post_save
+        write_edges(plan, model, [obj], using)
+    return obj
+
+
 def enqueue_rows(
-    queryset: models.QuerySet, rows: Iterable[Any], *, batch_size: int | None = None
+    queryset: models.QuerySet,
+    rows: Iterable[Any],
+    *,
+    batch_size: int | None = None,
+    after: Any = None,
+    on_failure: str = "cancel",
 ) -> list[Any]:
     """Insert ``rows`` (instances or dicts) into ``queryset``'s model on its database,
-    ready, and wake the workers once after the commit; return the saved instances.
+    ready (or waiting for the rows ``after``, see :func:`create_after`), and wake the
+    workers once after the commit; return the saved instances.
 
     The body of :func:`enqueue_many` and ``ClaimQuerySet.enqueue_many()``."""
     model = queryset.model
@@ -162,6 +190,25 @@ def enqueue_rows(
     if not objs:
         return objs
     using = queryset.db
+    if after is None and on_failure != "cancel":
+        raise DependencyError(f"enqueue_many() on {model._meta.label}: on_failure= needs after=")
+    if after is not None:
+        with transaction.atomic(using=using):
+            plan = plan_after(model, after, using, on_failure=on_failure, rows=objs)
+            opts = get_options(model)
+            for obj in objs:
+                plan.apply(opts, obj)
+            _insert(model, objs, using, batch_size)
+            write_edges(plan, model, objs, using)
+            if plan.state == "ready":
+                notify(model, using=using)
+        return objs
+    _insert(model, objs, using, batch_size)
+    notify(model, using=using)  # bulk_create sends no post_save: the one wake-up
+    return objs
+
+
+def _insert(model: type[models.Model], objs: list[Any], using: str, batch_size: int | None) -> None:
     manager = model._base_manager.db_manager(using)
     try:
         manager.bulk_create(objs, batch_size=batch_size)
@@ -172,8 +219,6 @@ def enqueue_rows(
                 "cannot be inserted in bulk; use create()"
             ) from None
         raise
-    notify(model, using=using)  # bulk_create sends no post_save: the one wake-up
-    return objs
 
 
 def enqueue_many(
@@ -182,8 +227,15 @@ def enqueue_many(
     *,
     using: str | None = None,
     batch_size: int | None = None,
+    after: Any = None,
+    on_failure: str = "cancel",
 ) -> list[Any]:
     """Enqueue many rows of the claimable ``model`` in one INSERT per batch; return them.
+
+    With ``after=[rows…]`` every row waits for those rows (docs/workflows.md):
+    it starts ``waiting`` and becomes ``ready`` in the transaction of the last one's
+    final settle; ``on_failure`` (``cancel``, ``run``, ``hold``) says what a
+    prerequisite that ends ``failed`` or ``cancelled`` does to it.
 
     ``rows`` are unsaved instances of ``model`` or dicts of field values. Guarantees:
     every row is written ``ready`` with the claim state ``create()`` leaves (token 0, no
@@ -200,4 +252,10 @@ def enqueue_many(
     come back without them (``pk`` is ``None``).
     """
     using = using or router.db_for_write(model)
-    return enqueue_rows(model._base_manager.using(using), rows, batch_size=batch_size)
+    return enqueue_rows(
+        model._base_manager.using(using),
+        rows,
+        batch_size=batch_size,
+        after=after,
+        on_failure=on_failure,
+    )

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import models
 
-from django_taskclaim.model.status import Status
+from django_taskclaim.row.status import Status
 
 #: The claim order of :class:`~django_taskclaim.model.mixins.ClaimableModel`: the fields
 #: of its claim index.

@@ -22,12 +22,12 @@ from django_taskclaim.config.options import get_options
 from django_taskclaim.db import DbNow
 from django_taskclaim.model.indexes import claim_indexes
 from django_taskclaim.model.queryset import ClaimQuerySet
-from django_taskclaim.model.status import Status
+from django_taskclaim.row.status import Status
 from django_taskclaim.settle import outcome, transitions
 
 
 class StatusFieldMixin(models.Model):
-    """Adds ``status`` (:class:`~django_taskclaim.model.status.Status`, default ``ready``)."""
+    """Adds ``status`` (:class:`~django_taskclaim.row.status.Status`, default ``ready``)."""
 
     status = models.CharField(
         _("status"),
@@ -72,9 +72,12 @@ class ScheduleFieldsMixin(models.Model):
 
 
 class TimestampFieldsMixin(models.Model):
-    """Adds ``created_at`` (database clock; the FIFO key) and ``finished_at``."""
+    """Adds ``created_at`` (database clock; the FIFO key), ``claimed_at`` (when the
+    current or last attempt was claimed, by the database clock of the claim's own
+    statement; cleared by the operator's requeue) and ``finished_at``."""
 
     created_at = models.DateTimeField(_("created at"), db_default=DbNow(), editable=False)
+    claimed_at = models.DateTimeField(_("claimed at"), null=True, blank=True, editable=False)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True, editable=False)
 
     class Meta:
@@ -148,7 +151,8 @@ class ClaimableMixin(models.Model):
         """Mark the claimed task ``done``, saving ``fields`` in the same fenced UPDATE.
 
         ``fields`` are result fields: naming the primary key or the claim bookkeeping
-        (status, token, lease, holder, attempts, ``finished_at``, ``last_error``) raises
+        (status, token, lease, holder, attempts, ``claimed_at``, ``finished_at``,
+        ``last_error``) raises
         ``ValueError`` before anything is written."""
         transitions.complete(self, **fields)
 
@@ -229,7 +233,8 @@ class ClaimableModel(
     """A model whose rows are tasks: inherit it and its rows can be claimed.
 
     Adds ``status``, ``version``, ``locked_until``, ``locked_by``, ``attempts``,
-    ``run_after``, ``priority``, ``created_at``, ``finished_at`` and ``last_error``;
+    ``run_after``, ``priority``, ``created_at``, ``claimed_at``, ``finished_at`` and
+    ``last_error``;
     the manager ``objects`` (:class:`~django_taskclaim.model.queryset.ClaimQuerySet`); and
     partial indexes matching the claim query (``status = 'ready'`` ordered by
     ``-priority, created_at``) and the reaper query (``status = 'processing'`` by

@@ -22,10 +22,11 @@ from django.db.models import Count, Q
 from django_taskclaim.claim import claim_rows
 from django_taskclaim.config.options import ClaimOptions, get_options
 from django_taskclaim.db import DbNow
-from django_taskclaim.model.enqueue import enqueue_rows
-from django_taskclaim.model.status import UNKNOWN_STATE
+from django_taskclaim.exceptions import DependencyError
+from django_taskclaim.model.enqueue import create_after, enqueue_rows
 from django_taskclaim.model.unique_insert import insert_unique
 from django_taskclaim.recovery.reap import ReapResult, reap_queryset
+from django_taskclaim.row.status import UNKNOWN_STATE
 from django_taskclaim.rules import lease_expired_q
 from django_taskclaim.settle import batch, bulk, leases
 
@@ -129,7 +130,29 @@ class ClaimQuerySetMixin(_QuerySetBase):
         return await sync_to_async(self.claim_next)(**kwargs)
 
     # -- bulk enqueue -----------------------------------------------------------------
-    def enqueue_many(self, rows: Iterable[Any], *, batch_size: int | None = None) -> list[Any]:
+    def create(self, **kwargs: Any) -> Any:
+        """Django's ``create()``; with ``after=[rows…]`` (and ``on_failure=``) the new row
+        waits for those rows: see :func:`django_taskclaim.model.enqueue.create_after`
+        and docs/workflows.md. A model with a field of either name keeps Django's
+        meaning (use ``enqueue_many([...], after=…)`` there)."""
+        names = {f.name for f in self.model._meta.concrete_fields}
+        after = None if "after" in names else kwargs.pop("after", None)
+        on_failure = None if "on_failure" in names else kwargs.pop("on_failure", None)
+        if after is None:
+            if on_failure is not None:
+                raise DependencyError(f"{self.model._meta.label}: on_failure= needs after=")
+            return super().create(**kwargs)
+        self._for_write = True
+        return create_after(self._qs(), kwargs, after, on_failure or "cancel")
+
+    def enqueue_many(
+        self,
+        rows: Iterable[Any],
+        *,
+        batch_size: int | None = None,
+        after: Any = None,
+        on_failure: str = "cancel",
+    ) -> list[Any]:
         """Enqueue many rows (unsaved instances or dicts of field values) in one INSERT
         per ``batch_size`` rows on this queryset's database; return the instances.
 
@@ -139,13 +162,22 @@ class ClaimQuerySetMixin(_QuerySetBase):
         anything is written. See :func:`django_taskclaim.model.enqueue.enqueue_many`.
         """
         self._for_write = True
-        return enqueue_rows(self._qs(), rows, batch_size=batch_size)
+        return enqueue_rows(
+            self._qs(), rows, batch_size=batch_size, after=after, on_failure=on_failure
+        )
 
     async def aenqueue_many(
-        self, rows: Iterable[Any], *, batch_size: int | None = None
+        self,
+        rows: Iterable[Any],
+        *,
+        batch_size: int | None = None,
+        after: Any = None,
+        on_failure: str = "cancel",
     ) -> list[Any]:
         """Async twin of :meth:`enqueue_many` (runs it in a thread)."""
-        return await sync_to_async(self.enqueue_many)(list(rows), batch_size=batch_size)
+        return await sync_to_async(self.enqueue_many)(
+            list(rows), batch_size=batch_size, after=after, on_failure=on_failure
+        )
 
     # -- unique enqueue ---------------------------------------------------------------
     def enqueue_unique(self, *, key_field: str | None = None, **fields: Any) -> tuple[Any, bool]:

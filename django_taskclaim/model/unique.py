@@ -31,7 +31,7 @@ from django.db.models import Case, F, Q, When
 
 from django_taskclaim.backends import for_connection
 from django_taskclaim.exceptions import ConfigurationError
-from django_taskclaim.model.status import Status
+from django_taskclaim.row.status import Status
 
 logger = logging.getLogger("django_taskclaim.model.unique")
 

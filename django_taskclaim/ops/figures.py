@@ -23,8 +23,8 @@ from django_taskclaim.config.options import ClaimOptions, get_options
 from django_taskclaim.db import DbNow, db_now
 from django_taskclaim.model.indexes import serves_status
 from django_taskclaim.model.queryset import as_claim_queryset
-from django_taskclaim.model.status import STATE_NAMES
 from django_taskclaim.ops.history import done_in_windows, uses_history, whole_table
+from django_taskclaim.row.status import STATE_NAMES
 from django_taskclaim.rules import live_worker_q, ready_since
 
 logger = logging.getLogger("django_taskclaim.ops.figures")
@@ -110,7 +110,7 @@ class Snapshot:
 
 
 #: With ``fast``, a PostgreSQL table the planner estimates above this many rows gets its
-#: finished states (done, failed, cancelled) estimated instead of counted.
+#: finished states (done, failed, cancelled) and waiting rows estimated instead of counted.
 EXACT_UP_TO = 100_000
 #: States counted exactly even then: their partial indexes (claim, lease) serve the count.
 INDEXED_STATES = ("ready", "processing")

@@ -91,7 +91,6 @@ class NatsPublisher:
 
     def publish_batch(self, messages: Sequence[Any]) -> None:
         """Publish the batch pipelined on one connection; wait for every ack."""
-        from nats import errors as nats_errors  # the "outbox" extra
         from nats.js import errors as js_errors  # the "outbox" extra
 
         rejected: dict[str, str] = {}
@@ -107,60 +106,8 @@ class NatsPublisher:
                 self.connect()
             except PublishError as exc:
                 raise PublishError(str(exc), rejected=rejected) from exc
-
-        async def one(message: Any) -> Any:
-            headers = {**headers_of(message), "Nats-Msg-Id": message.idempotency_key}
-            return await self._js.publish(
-                message.topic, body_of(message), timeout=self.timeout, headers=headers
-            )
-
-        async def all_of() -> list[Any]:
-            return list(await asyncio.gather(*(one(m) for m in todo), return_exceptions=True))
-
-        results = self._run(all_of()) if todo else []
-        # Refused by the client before sending, or by the stream with a client error.
-        client_refused = (
-            nats_errors.MaxPayloadError,
-            nats_errors.BadSubjectError,
-            nats_errors.BadHeaderError,
-            TypeError,
-            ValueError,
-        )
-        # The connection, the server or no stream: never this message's fault.
-        broker_trouble = (
-            nats_errors.ConnectionClosedError,
-            nats_errors.TimeoutError,
-            nats_errors.NoRespondersError,
-            nats_errors.OutboundBufferLimitError,
-            nats_errors.StaleConnectionError,
-            nats_errors.UnexpectedEOF,
-            nats_errors.ConnectionDrainingError,
-            js_errors.ServiceUnavailableError,
-            js_errors.NoStreamResponseError,
-            asyncio.TimeoutError,
-            OSError,
-        )
-        confirmed: list[str] = []
-        errors: dict[str, str] = {}
-        retry: BaseException | None = None
-        for message, result in zip(todo, results, strict=True):
-            ident = message.idempotency_key
-            if not isinstance(result, BaseException):
-                confirmed.append(ident)
-            elif isinstance(result, client_refused) or (
-                isinstance(result, js_errors.APIError)
-                and not isinstance(result, js_errors.ServiceUnavailableError)
-                and isinstance(result.code, int)
-                and 400 <= result.code < 500
-            ):
-                rejected[ident] = reason(result)
-            elif (
-                isinstance(result, (*broker_trouble, js_errors.APIError))  # 5xx: the server's
-                or not isinstance(result, Exception)
-            ):
-                retry = retry or result
-            else:
-                errors[ident] = f"NATS publish failed: {reason(result)}"
+        results = self._run(self._publish_all(todo)) if todo else []
+        confirmed, errors, retry = _sort_results(todo, results, rejected)
         if retry is not None:
             if not isinstance(retry, js_errors.NoStreamResponseError):
                 self._disconnect()
@@ -176,6 +123,17 @@ class NatsPublisher:
         if rejected:
             raise MessagesRejected(rejected)
 
+    async def _publish_all(self, todo: Sequence[Any]) -> list[Any]:
+        """Publish ``todo`` at once; each one's JetStream ack, or the exception it got."""
+
+        async def one(message: Any) -> Any:
+            headers = {**headers_of(message), "Nats-Msg-Id": message.idempotency_key}
+            return await self._js.publish(
+                message.topic, body_of(message), timeout=self.timeout, headers=headers
+            )
+
+        return list(await asyncio.gather(*(one(m) for m in todo), return_exceptions=True))
+
     def _disconnect(self) -> None:
         nc, self._nc, self._js = self._nc, None, None
         if nc is not None:
@@ -190,3 +148,59 @@ class NatsPublisher:
         loop, self._loop = self._loop, None
         if loop is not None and not loop.is_closed():
             loop.close()
+
+
+def _sort_results(
+    todo: Sequence[Any], results: Sequence[Any], rejected: dict[str, str]
+) -> tuple[list[str], dict[str, str], BaseException | None]:
+    """Sort each message of ``todo`` by its result: confirmed (its key in the list
+    returned), rejected for good (added to ``rejected``: refused by the client before
+    sending, or by the stream with a client error), its own error (the dict returned), or
+    the trouble of the connection, the server or no stream (the first one returned: the
+    batch is retried)."""
+    from nats import errors as nats_errors  # the "outbox" extra
+    from nats.js import errors as js_errors  # the "outbox" extra
+
+    client_refused = (
+        nats_errors.MaxPayloadError,
+        nats_errors.BadSubjectError,
+        nats_errors.BadHeaderError,
+        TypeError,
+        ValueError,
+    )
+    # The connection, the server or no stream: never this message's fault.
+    broker_trouble = (
+        nats_errors.ConnectionClosedError,
+        nats_errors.TimeoutError,
+        nats_errors.NoRespondersError,
+        nats_errors.OutboundBufferLimitError,
+        nats_errors.StaleConnectionError,
+        nats_errors.UnexpectedEOF,
+        nats_errors.ConnectionDrainingError,
+        js_errors.ServiceUnavailableError,
+        js_errors.NoStreamResponseError,
+        asyncio.TimeoutError,
+        OSError,
+    )
+    confirmed: list[str] = []
+    errors: dict[str, str] = {}
+    retry: BaseException | None = None
+    for message, result in zip(todo, results, strict=True):
+        ident = message.idempotency_key
+        if not isinstance(result, BaseException):
+            confirmed.append(ident)
+        elif isinstance(result, client_refused) or (
+            isinstance(result, js_errors.APIError)
+            and not isinstance(result, js_errors.ServiceUnavailableError)
+            and isinstance(result.code, int)
+            and 400 <= result.code < 500
+        ):
+            rejected[ident] = reason(result)
+        elif (
+            isinstance(result, (*broker_trouble, js_errors.APIError))  # 5xx: the server's
+            or not isinstance(result, Exception)
+        ):
+            retry = retry or result
+        else:
+            errors[ident] = f"NATS publish failed: {reason(result)}"
+    return confirmed, errors, retry

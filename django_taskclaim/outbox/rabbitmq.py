@@ -7,8 +7,8 @@ sending, :mod:`.brokers` (by name).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 from django_taskclaim.outbox.limits import amqp_problem
 from django_taskclaim.outbox.publisher import (
@@ -73,16 +73,6 @@ class RabbitMQPublisher:
 
     def publish_batch(self, messages: Sequence[Any]) -> None:
         """Publish each message and wait for its confirm (in order, one channel)."""
-        exceptions = self._pika.exceptions
-        # The client refuses these before anything is sent, whatever the message.
-        cannot_encode = (TypeError, ValueError)
-        # These say the connection or channel is gone, not that this message is bad.
-        broker_trouble = (
-            exceptions.AMQPConnectionError,
-            exceptions.ChannelClosed,
-            exceptions.ChannelWrongStateError,
-            OSError,
-        )
         confirmed: list[str] = []
         rejected: dict[str, str] = {}
         errors: dict[str, str] = {}
@@ -102,45 +92,13 @@ class RabbitMQPublisher:
                 self.connect()
             except PublishError as exc:
                 raise trouble(str(exc)) from exc
-            props = self._pika.BasicProperties(
-                delivery_mode=2,
-                content_type="application/json",
-                message_id=ident,
-                headers=headers_of(message),
-            )
-            try:
-                self._channel.basic_publish(
-                    self.exchange, message.topic, body_of(message), props, mandatory=True
-                )
-            except exceptions.UnroutableError:
-                rejected[ident] = (
-                    f"unroutable: no queue is bound to routing key {message.topic!r} "
-                    f"on exchange {self.exchange!r}"
-                )
-            except exceptions.NackError as exc:
-                raise trouble(f"RabbitMQ refused the message for now: {reason(exc)}")
-            except exceptions.ShortStringTooLong as exc:
-                self.close()  # nothing was sent, but start the next one on a fresh channel
-                size = len(exc.args[0]) if exc.args else "over 255"
-                rejected[ident] = (
-                    "the AMQP client cannot send it: ShortStringTooLong: a routing key, "
-                    f"message id or header name is {size} bytes; AMQP allows at most 255"
-                )
-            except cannot_encode as exc:
-                self.close()
-                rejected[ident] = f"the AMQP client cannot send it: {reason(exc)}"
-            except exceptions.ChannelClosedByBroker as exc:
-                if exc.reply_code != 406:  # e.g. 404: the exchange does not exist
-                    raise trouble(f"RabbitMQ publish failed: {reason(exc)}") from exc
-                self.close()  # PRECONDITION_FAILED: this message (its size, ...)
-                errors[ident] = f"RabbitMQ closed the channel on it: {reason(exc)}"
-            except broker_trouble as exc:
-                raise trouble(f"RabbitMQ publish failed: {reason(exc)}") from exc
-            except Exception as exc:
-                self.close()
-                errors[ident] = f"RabbitMQ publish failed: {reason(exc)}"
-            else:
+            outcome = self._send(message, trouble)
+            if outcome is None:
                 confirmed.append(ident)
+            elif outcome[0] == "rejected":
+                rejected[ident] = outcome[1]
+            else:
+                errors[ident] = outcome[1]
         if errors:
             try:
                 self.connect()  # an error counts against its message only if the broker is up
@@ -152,6 +110,62 @@ class RabbitMQPublisher:
             )  # fmt: skip
         if rejected:
             raise MessagesRejected(rejected)
+
+    def _send(
+        self, message: Any, trouble: Callable[[str], PublishError]
+    ) -> tuple[Literal["rejected", "error"], str] | None:
+        """Publish ``message`` on the open channel and wait for its confirm: ``None`` once
+        confirmed, ``("rejected", why)`` where it can never be delivered, ``("error",
+        why)`` for its own error; raises ``trouble(why)`` where the connection, the
+        channel or the broker failed (not this message)."""
+        exceptions = self._pika.exceptions
+        # The client refuses these before anything is sent, whatever the message.
+        cannot_encode = (TypeError, ValueError)
+        # These say the connection or channel is gone, not that this message is bad.
+        broker_trouble = (
+            exceptions.AMQPConnectionError,
+            exceptions.ChannelClosed,
+            exceptions.ChannelWrongStateError,
+            OSError,
+        )
+        props = self._pika.BasicProperties(
+            delivery_mode=2,
+            content_type="application/json",
+            message_id=message.idempotency_key,
+            headers=headers_of(message),
+        )
+        try:
+            self._channel.basic_publish(
+                self.exchange, message.topic, body_of(message), props, mandatory=True
+            )
+        except exceptions.UnroutableError:
+            return "rejected", (
+                f"unroutable: no queue is bound to routing key {message.topic!r} "
+                f"on exchange {self.exchange!r}"
+            )
+        except exceptions.NackError as exc:
+            raise trouble(f"RabbitMQ refused the message for now: {reason(exc)}")
+        except exceptions.ShortStringTooLong as exc:
+            self.close()  # nothing was sent, but start the next one on a fresh channel
+            size = len(exc.args[0]) if exc.args else "over 255"
+            return "rejected", (
+                "the AMQP client cannot send it: ShortStringTooLong: a routing key, "
+                f"message id or header name is {size} bytes; AMQP allows at most 255"
+            )
+        except cannot_encode as exc:
+            self.close()
+            return "rejected", f"the AMQP client cannot send it: {reason(exc)}"
+        except exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code != 406:  # e.g. 404: the exchange does not exist
+                raise trouble(f"RabbitMQ publish failed: {reason(exc)}") from exc
+            self.close()  # PRECONDITION_FAILED: this message (its size, ...)
+            return "error", f"RabbitMQ closed the channel on it: {reason(exc)}"
+        except broker_trouble as exc:
+            raise trouble(f"RabbitMQ publish failed: {reason(exc)}") from exc
+        except Exception as exc:
+            self.close()
+            return "error", f"RabbitMQ publish failed: {reason(exc)}"
+        return None
 
     def close(self) -> None:
         """Close the connection; never raises."""

@@ -20,7 +20,7 @@ from django_taskclaim.config import bounds
 from django_taskclaim.config.options import ClaimOptions
 from django_taskclaim.db import DbNow
 from django_taskclaim.exceptions import ConfigurationError
-from django_taskclaim.model.status import TERMINAL_STATES
+from django_taskclaim.row.status import TERMINAL_STATES
 
 
 @dataclass(frozen=True)

@@ -29,16 +29,17 @@ from functools import partial
 from typing import Any
 
 from django.db import DatabaseError, connections, models, router, transaction
-from django.db.models import F, Q, Value
-from django.db.models.functions import Coalesce, Concat
+from django.db.models import F, Q
 
 from django_taskclaim import signals
+from django_taskclaim.claim.resets import Change, holder_text, writes
 from django_taskclaim.config import bounds
 from django_taskclaim.config.discovery import claimable_models
 from django_taskclaim.config.options import ClaimOptions, get_options
 from django_taskclaim.config.settings import taskclaim_settings
-from django_taskclaim.db import DbNow, retry_transient
+from django_taskclaim.db import retry_transient
 from django_taskclaim.rules import lease_expired_q
+from django_taskclaim.settle.dependents import settle_and_release
 
 logger = logging.getLogger("django_taskclaim.recovery.reap")
 
@@ -122,17 +123,20 @@ def _reap_writes(opts: ClaimOptions, why: str) -> tuple[dict[str, Any], dict[str
     """The values a reaped row gets: ``failed`` (its attempts used up) or ``ready``; the
     token moves on either way, and ``last_error`` says ``why`` (with the holder)."""
     prefix, suffix = why.split("{}", 1)
-    common: dict[str, Any] = {"version": F("version") + 1}
-    if opts.has("last_error"):
-        holder = Coalesce(F("locked_by"), Value("?")) if opts.has("locked_by") else Value("?")
-        common["last_error"] = Concat(
-            Value(prefix), holder, Value(suffix), output_field=models.TextField()
-        )
-    to_failed = {**common, opts.status_field: opts.value("failed"), "locked_until": None}
-    if opts.has("finished_at"):
-        to_failed["finished_at"] = DbNow()
+    text = holder_text(opts, prefix, suffix)
+    bump = {"version": F("version") + 1}
+    to_failed = {
+        **bump,
+        **writes(opts, Change.REAP_TO_FAILED, error=text),
+        opts.status_field: opts.value("failed"),
+        "locked_until": None,
+    }
     # ``locked_until`` is kept: a ready row with one is marked recovered (run alone next).
-    to_ready = {**common, opts.status_field: opts.value("ready")}
+    to_ready = {
+        **bump,
+        **writes(opts, Change.REAP_TO_READY, error=text),
+        opts.status_field: opts.value("ready"),
+    }
     return to_failed, to_ready
 
 
@@ -225,8 +229,27 @@ def _reap_rows(
     if not pks:
         return 0, 0
     target = base.filter(pk__in=pks).filter(stuck)
-    failed = target.filter(attempts__gte=max_attempts).update(**to_failed)
+    failing = target.filter(attempts__gte=max_attempts)
+    if get_options(base.model).dependents:  # dead-lettered rows release their dependents
+        failed = len(
+            settle_and_release(
+                base.model,
+                base.db,
+                partial(_fail_locked, failing, to_failed),
+                lambda locked: (locked, "failed"),
+                what="reap",
+            )
+        )
+    else:
+        failed = failing.update(**to_failed)
     return target.update(**to_ready), failed
+
+
+def _fail_locked(failing: models.QuerySet, to_failed: dict[str, Any]) -> list[Any]:
+    """Dead-letter the rows of ``failing``, locked first; return their primary keys."""
+    locked = list(failing.select_for_update().values_list("pk", flat=True))
+    failing.model._base_manager.using(failing.db).filter(pk__in=locked).update(**to_failed)
+    return locked
 
 
 def reap(

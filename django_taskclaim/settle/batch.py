@@ -22,11 +22,12 @@ from django.db.models.expressions import Combinable, RawSQL
 
 from django_taskclaim import signals
 from django_taskclaim.backends import for_alias, for_connection
+from django_taskclaim.claim.resets import Change, apply_in_memory, plan, writes
 from django_taskclaim.config.options import ClaimOptions, get_options
-from django_taskclaim.db import DbNow, retry_transient
-from django_taskclaim.model.claimable import Claimable
+from django_taskclaim.row.claimable import Claimable
 from django_taskclaim.rules import held_many_q
 from django_taskclaim.settle.batch_json import complete_many_in_one
+from django_taskclaim.settle.dependents import settle_and_release
 from django_taskclaim.settle.writes import _db, check_fields
 
 #: The lifecycle's logger: a lost claim is logged under one name, batched or not.
@@ -109,13 +110,21 @@ def _complete_chunk(model: type[models.Model], using: str, tasks: list[Any]) -> 
     # Result fields and callbacks of the tasks that deferred some (most defer none).
     pending = {t.pk: _pending(t) for t in tasks if t.__dict__.get(PENDING_ATTR)}
     write = _chunk_writer(model, using, opts, tasks, tokens, pending)
-    hit = retry_transient(write, using, what=f"complete {len(tasks)} {opts.label}")
-    if hit == len(tasks):  # the usual: every row written
-        won, lost = tasks, []
-    else:
-        won = _won(model, using, opts, tasks, tokens)
-        won_ids = {id(t) for t in won}
-        lost = [t for t in tasks if id(t) not in won_ids]
+
+    def write_and_tell() -> list[Any]:
+        hit = write()
+        # the usual: every row written; else the won are told from the lost
+        return tasks if hit == len(tasks) else _won(model, using, opts, tasks, tokens)
+
+    won = settle_and_release(
+        model,
+        using,
+        write_and_tell,
+        lambda done: ([t.pk for t in done], "done"),
+        what=f"complete {len(tasks)} {opts.label}",
+    )
+    won_ids = {id(t) for t in won}
+    lost = [t for t in tasks if id(t) not in won_ids]
     for task in tasks:
         task.__dict__.pop(PENDING_ATTR, None)  # written, or lost for good
     for task in lost:
@@ -153,9 +162,8 @@ def _chunk_writer(
         opts.status_field: opts.value("done"),
         "version": F("version") + 1,
         "locked_until": None,
+        **writes(opts, Change.COMPLETE),
     }
-    if opts.has("finished_at"):
-        values["finished_at"] = DbNow()
     values.update(_per_row_values(model, tasks, results, using))
     target = model._base_manager.using(using).filter(held_many_q(opts, tokens, using))
     return partial(target.update, **values)
@@ -190,15 +198,15 @@ def _mark_done(
     database-side value is dropped: loaded on access), send ``task_completed`` for each
     and call its deferred callback."""
     done_value = opts.value("done")
-    has_finished_at = opts.has("finished_at")
+    optional = plan(opts, Change.COMPLETE)
     attnames: dict[str, str] = {}
     send = signals.task_completed.has_listeners(model)
     for task in won:
         setattr(task, opts.status_field, done_value)
         task.version += 1
         task.locked_until = None
-        if has_finished_at:
-            task.__dict__.pop("finished_at", None)  # the database clock's; loaded on access
+        if optional:  # finished_at: the database clock's, loaded on access
+            apply_in_memory(task, optional)
         if not pending:
             if send:
                 signals.task_completed.send(sender=model, task=task)

@@ -13,13 +13,15 @@ from functools import partial
 from typing import Any
 
 from django.db import models
-from django.db.models import F, Value
-from django.db.models.functions import Coalesce, Concat
+from django.db.models import F
 
+from django_taskclaim.claim.resets import Change, holder_text, writes
 from django_taskclaim.config import bounds
 from django_taskclaim.config.options import get_options
-from django_taskclaim.db import DbNow, retry_transient
+from django_taskclaim.db import retry_transient
 from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.row.status import TERMINAL_STATES
+from django_taskclaim.settle.dependents import settle_and_release
 
 
 def _transition(
@@ -39,6 +41,8 @@ def _transition(
     updates.update(extra or {})
     base = qs.model._base_manager.using(using)
     scope = qs.filter(opts.status_q(*from_states))
+    if to_state in TERMINAL_STATES and opts.dependents:
+        return _settling(qs.model, scope, base, from_states, to_state, updates, batch_size)
     if batch_size is None:
         return retry_transient(lambda: scope.update(**updates), using, what="transition")
     batch_size = bounds.number(batch_size, "batch_size", bounds.BATCH_SIZE, error=ValueError)
@@ -56,6 +60,54 @@ def _transition(
         total += retry_transient(partial(target.update, **updates), using, what="transition")
 
 
+def _settling(
+    model: type[models.Model],
+    scope: models.QuerySet,
+    base: models.QuerySet,
+    from_states: tuple[str, ...],
+    to_state: str,
+    updates: dict[str, Any],
+    batch_size: int | None,
+) -> int:
+    """:func:`_transition` to a final state of a model whose rows may have dependents:
+    each page's rows are locked, moved and their dependents released in one transaction
+    (:mod:`.dependents`), so the release sees exactly the rows that moved."""
+    opts = get_options(model)
+    using = scope.db
+    size = (
+        None
+        if batch_size is None
+        else int(bounds.number(batch_size, "batch_size", bounds.BATCH_SIZE, error=ValueError))
+    )
+    total, last = 0, None
+
+    def page() -> tuple[Any, list[Any]]:
+        found = scope.order_by("pk")
+        if last is not None:
+            found = found.filter(pk__gt=last)
+        pks = list(
+            found.values_list("pk", flat=True)[:size]
+            if size
+            else found.values_list("pk", flat=True)
+        )
+        locked = list(
+            base.filter(pk__in=pks)
+            .filter(opts.status_q(*from_states))
+            .select_for_update()
+            .values_list("pk", flat=True)
+        )
+        base.filter(pk__in=locked).update(**updates)
+        return (pks[-1] if pks else None), locked
+
+    while True:
+        last, moved = settle_and_release(
+            model, using, page, lambda r: (r[1], to_state), what="transition"
+        )
+        total += len(moved)
+        if last is None or size is None:
+            return total
+
+
 def requeue(
     qs: models.QuerySet, *, reset_attempts: bool = True, batch_size: int | None = None
 ) -> int:
@@ -65,11 +117,8 @@ def requeue(
     extra: dict[str, Any] = {"locked_until": None}
     if reset_attempts:
         extra["attempts"] = 0
-    if opts.has("run_after"):
-        # due now, and ready since now: the "oldest ready" figures age from it
-        extra["run_after"] = DbNow()
-    if opts.has("finished_at"):
-        extra["finished_at"] = None
+    # run_after: due now, and ready since now (the "oldest ready" figures age from it)
+    extra.update(writes(opts, Change.REQUEUE))
     states = [s for s in ("failed", "cancelled", "done") if opts.statuses.get(s) is not None]
     return _transition(qs, states, "ready", extra, batch_size=batch_size)
 
@@ -79,22 +128,17 @@ def release(qs: models.QuerySet, *, batch_size: int | None = None) -> int:
     how many. ``locked_until`` is kept (the rows are marked recovered) and ``last_error``
     names the worker each was taken from."""
     opts = get_options(qs.model)
-    extra: dict[str, Any] = {}
-    if opts.has("last_error"):
-        holder = Coalesce(F("locked_by"), Value("?")) if opts.has("locked_by") else Value("?")
-        extra["last_error"] = Concat(
-            Value("released from worker "), holder, output_field=models.TextField()
-        )
+    extra = writes(opts, Change.RELEASE, error=holder_text(opts, "released from worker "))
     return _transition(qs, ["processing"], "ready", extra, batch_size=batch_size)
 
 
 def cancel(qs: models.QuerySet, *, batch_size: int | None = None) -> int:
-    """``ready`` and ``processing`` rows of ``qs`` to ``cancelled``; return how many.
+    """``ready``, ``processing`` and ``waiting`` rows of ``qs`` to ``cancelled``; return how many.
     Needs a cancelled state (``ConfigurationError``)."""
     opts = get_options(qs.model)
     if opts.statuses.get("cancelled") is None:
         raise ConfigurationError(f"{opts.label} maps no 'cancelled' status")
-    extra: dict[str, Any] = {"locked_until": None}
-    if opts.has("finished_at"):
-        extra["finished_at"] = DbNow()
-    return _transition(qs, ["ready", "processing"], "cancelled", extra, batch_size=batch_size)
+    extra = {"locked_until": None, **writes(opts, Change.CANCEL)}
+    # a row waiting for its prerequisites is cancelled as a ready one is
+    states = [s for s in ("ready", "processing", "waiting") if opts.statuses.get(s) is not None]
+    return _transition(qs, states, "cancelled", extra, batch_size=batch_size)

@@ -27,7 +27,7 @@ from django_taskclaim.config import bounds
 from django_taskclaim.config.options import get_options
 from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.exceptions import ConfigurationError
-from django_taskclaim.model.claimable import Claimable
+from django_taskclaim.row.claimable import Claimable
 
 logger = logging.getLogger("django_taskclaim.settle.deadline")
 

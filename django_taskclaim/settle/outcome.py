@@ -23,9 +23,9 @@ from asgiref.sync import async_to_sync
 from django.db import models
 from django.db.models.expressions import Combinable
 
-from django_taskclaim.config.options import get_options
+from django_taskclaim.config.options import ClaimOptions, get_options
 from django_taskclaim.exceptions import ClaimLost, ConfigurationError, Fail, Retry
-from django_taskclaim.model.claimable import Claimable, model_of
+from django_taskclaim.row.claimable import Claimable, model_of
 from django_taskclaim.rules import held_q
 from django_taskclaim.settle.batch import PENDING_ATTR, BatchableResult
 from django_taskclaim.settle.deadline import deadline_error, overdue
@@ -144,28 +144,46 @@ def settle(
         state = opts.state_of(getattr(task, opts.status_field))
         if state != "processing":
             return Outcome(state) if state else Outcome.UNKNOWN  # the body finished it
-        result = done.result
-        fields = {} if result is None else dict(result) if isinstance(result, Mapping) else {}
-        batchable = isinstance(result, BatchableResult) and not any(
-            isinstance(v, Combinable | models.Expression) for v in fields.values()
-        )
-        try:
-            check_fields(opts, task, fields)
-        except ValueError as exc:  # the body returned fields the model cannot store
-            error = exc
-        else:
-            if defer is not None and (batchable or not fields):
-                if batchable:
-                    task.__dict__[PENDING_ATTR] = (fields, result.on_written)
-                defer(task)
-                return Outcome.DEFERRED
-            try:
-                task.complete(**fields)
-            except ClaimLost:
-                return Outcome.LOST
-            if isinstance(result, BatchableResult) and result.on_written is not None:
-                result.on_written()
-            return Outcome.DONE
+        completed = _complete(task, opts, done.result, defer)
+        if isinstance(completed, Outcome):
+            return completed
+        error = completed  # the body returned fields the model cannot store
+    return _record_error(task, opts, error)
+
+
+def _complete(
+    task: Claimable, opts: ClaimOptions, result: Any, defer: Callable[[Any], None] | None
+) -> Outcome | ValueError:
+    """:func:`settle` of a result: complete the row with the fields it returned, or hand
+    it to ``defer`` (no fields, or a :class:`BatchableResult` of plain values). Returns
+    the outcome, or the ``ValueError`` of fields the model cannot store (nothing
+    written)."""
+    fields = {} if result is None else dict(result) if isinstance(result, Mapping) else {}
+    batchable = isinstance(result, BatchableResult) and not any(
+        isinstance(v, Combinable | models.Expression) for v in fields.values()
+    )
+    try:
+        check_fields(opts, task, fields)
+    except ValueError as exc:
+        return exc
+    if defer is not None and (batchable or not fields):
+        if batchable:
+            task.__dict__[PENDING_ATTR] = (fields, result.on_written)
+        defer(task)
+        return Outcome.DEFERRED
+    try:
+        task.complete(**fields)
+    except ClaimLost:
+        return Outcome.LOST
+    if isinstance(result, BatchableResult) and result.on_written is not None:
+        result.on_written()
+    return Outcome.DONE
+
+
+def _record_error(task: Claimable, opts: ClaimOptions, error: BaseException) -> Outcome:
+    """:func:`settle` of an error: ``Fail`` → failed for good; ``Retry`` → ready after
+    its delay; any other error → retried with backoff (failed once the attempts are
+    used up); a claim lost meanwhile → ``"lost"``."""
     try:
         if isinstance(error, Fail):
             fail(task, error.reason)

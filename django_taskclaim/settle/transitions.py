@@ -26,15 +26,18 @@ from django.db.models.expressions import Combinable
 
 from django_taskclaim import signals
 from django_taskclaim.claim import validate_lease
+from django_taskclaim.claim.resets import Change, writes
 from django_taskclaim.config import bounds
 from django_taskclaim.config.claim_meta import CLAIM_STATE_FIELDS, SLOT_FIELD
 from django_taskclaim.config.options import ClaimOptions, get_options
 from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.db import DbNow, in_user_atomic, is_transient, retry_transient
 from django_taskclaim.exceptions import ClaimLost
-from django_taskclaim.model.claimable import Claimable, model_of
+from django_taskclaim.row.claimable import Claimable, model_of
+from django_taskclaim.row.status import TERMINAL_STATES
 from django_taskclaim.rules import held_q
 from django_taskclaim.settle.batch import PENDING_ATTR, _pending
+from django_taskclaim.settle.dependents import settle_and_release
 from django_taskclaim.settle.writes import _db, check_fields, format_error
 
 #: The lifecycle's logger: a lost claim is logged under one name, whichever write lost it.
@@ -90,8 +93,12 @@ def _fenced_update(
     if bump:
         values["version"] = F("version") + 1
     qs = _held(model_of(task), opts, using, [task])
-    hit = retry_transient(
-        lambda: qs.update(**values), using, what=f"{to_state or 'lease'} {opts.label}"
+    hit = settle_and_release(
+        model_of(task),
+        using,
+        lambda: qs.update(**values),
+        lambda n: ([task.pk] if n == 1 and to_state in TERMINAL_STATES else [], to_state),
+        what=f"{to_state or 'lease'} {opts.label}",
     )
     if hit != 1:
         logger.warning(
@@ -125,9 +132,7 @@ def complete(task: Claimable, **fields: Any) -> None:
     before anything is written."""
     opts = get_options(task)
     check_fields(opts, task, fields)
-    updates: dict[str, Any] = {"locked_until": None, **fields}
-    if opts.has("finished_at"):
-        updates["finished_at"] = DbNow()
+    updates = {"locked_until": None, **fields, **writes(opts, Change.COMPLETE)}
     _fenced_update(task, "done", updates)
     signals.task_completed.send(sender=type(task), task=task)
 
@@ -153,11 +158,8 @@ def fail(task: Claimable, error: BaseException | str = "", **fields: Any) -> Non
     """``processing`` → ``failed`` (dead letter), recording ``error``."""
     opts = get_options(task)
     check_fields(opts, task, fields)
-    updates: dict[str, Any] = {"locked_until": None, **fields}
-    if opts.has("finished_at"):
-        updates["finished_at"] = DbNow()
-    if opts.has("last_error"):
-        updates["last_error"] = format_error(error or "failed")
+    text = format_error(error or "failed")
+    updates = {"locked_until": None, **fields, **writes(opts, Change.FAIL, error=text)}
     _fenced_update(task, "failed", updates)
     signals.task_failed.send(sender=type(task), task=task, error=error, final=True)
 
@@ -183,41 +185,37 @@ def retry(
             delay, "retry delay", bounds.RETRY_DELAY, seconds=True, error=ValueError
         )
     updates: dict[str, Any] = {"locked_until": None, **fields}
-    if opts.has("last_error") and error:
-        updates["last_error"] = format_error(error)
     if task.attempts >= opts.max_attempts:
-        if opts.has("finished_at"):
-            updates["finished_at"] = DbNow()
-        if opts.has("last_error"):
-            updates["last_error"] = (
-                f"gave up after {task.attempts} attempt(s) (max_attempts={opts.max_attempts})"
-                + (f"\n{format_error(error)}" if error else "")
-            )
+        text = f"gave up after {task.attempts} attempt(s) (max_attempts={opts.max_attempts})" + (
+            f"\n{format_error(error)}" if error else ""
+        )
+        updates.update(writes(opts, Change.GIVE_UP, error=text))
         _fenced_update(task, "failed", updates)
         signals.task_failed.send(sender=type(task), task=task, error=error, final=True)
         return Outcome.FAILED
     wait = opts.backoff(task.attempts) if seconds is None else seconds
-    if opts.has("run_after"):
-        updates["run_after"] = DbNow() + timedelta(seconds=wait) if wait > 0 else None
+    why = format_error(error) if error else None  # no error: last_error is kept
+    updates.update(writes(opts, Change.RETRY, error=why, delay=wait))
     _fenced_update(task, "ready", updates)
     task.__dict__[RETRY_IN_ATTR] = wait if opts.has("run_after") else 0.0
     signals.task_failed.send(sender=type(task), task=task, error=error, final=False)
     return Outcome.READY
 
 
-def _given_back(*, keep_mark: bool) -> dict[str, Any]:
+def _given_back(opts: ClaimOptions, *, keep_mark: bool) -> dict[str, Any]:
     """The one give-back transition, :func:`release` and :func:`give_back`: ``ready`` at
     once, the attempt not counted (the token moves on with the fenced write). With
     ``keep_mark``, ``locked_until`` is left as it is (a row recovered from a lost holder
     stays marked recovered); without, it is cleared."""
     values: dict[str, Any] = {} if keep_mark else {"locked_until": None}
     values["attempts"] = F("attempts") - 1
+    values.update(writes(opts, Change.GIVE_BACK))
     return values
 
 
 def release(task: Claimable) -> None:
     """``processing`` → ``ready`` at once; the attempt is not counted, the lease cleared."""
-    _fenced_update(task, "ready", _given_back(keep_mark=False))
+    _fenced_update(task, "ready", _given_back(get_options(task), keep_mark=False))
 
 
 def give_back(model: type[models.Model], tasks: list[Any], using: str) -> int:
@@ -228,7 +226,7 @@ def give_back(model: type[models.Model], tasks: list[Any], using: str) -> int:
     errors are the caller's (the worker logs them: the leases will expire)."""
     opts = get_options(model)
     values = {opts.status_field: opts.value("ready"), "version": F("version") + 1}
-    values.update(_given_back(keep_mark=True))
+    values.update(_given_back(opts, keep_mark=True))
     return int(_held(model, opts, using, tasks).update(**values))
 
 

@@ -18,7 +18,7 @@ from django.db import router
 
 from django_taskclaim.config.claim_meta import CLAIM_STATE_FIELDS, SLOT_FIELD
 from django_taskclaim.config.options import ClaimOptions
-from django_taskclaim.model.claimable import Claimable, model_of
+from django_taskclaim.row.claimable import Claimable, model_of
 
 MAX_ERROR_CHARS = 10_000
 

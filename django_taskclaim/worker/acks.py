@@ -25,7 +25,7 @@ from typing import Any
 from django.db import DatabaseError
 
 from django_taskclaim.exceptions import ClaimLost
-from django_taskclaim.model.claimable import Claimable
+from django_taskclaim.row.claimable import Claimable
 from django_taskclaim.settle.batch import complete_many
 from django_taskclaim.settle.transitions import Outcome, complete_pending, fail
 from django_taskclaim.settle.writes import storable_text

@@ -133,7 +133,7 @@ def _check_connection_sharing(using: str, concurrency: int, processes: int) -> N
 def _models(labels: Sequence[str], queue: str | None) -> list[type[Model]]:
     """The models served: those named (each once, in order), else every claimable model
     with a processing entry point (``PeriodicRun`` only where periodic functions are used:
-    :func:`~django_taskclaim.ops.reported.reported_models`); with ``--queue``, those with
+    :func:`~django_taskclaim.periodic.reported.reported_models`); with ``--queue``, those with
     a ``queue_name`` field."""
     chosen: list[type[Model]] = []
     for label in labels:
@@ -141,7 +141,7 @@ def _models(labels: Sequence[str], queue: str | None) -> list[type[Model]]:
         if model not in chosen:
             chosen.append(model)
     if not labels:
-        from django_taskclaim.ops.reported import without_unused  # needs the app registry
+        from django_taskclaim.periodic.reported import without_unused  # needs the app registry
 
         chosen = without_unused(m for m in claimable_models() if handler_or_none(m) is not None)
         if not chosen:

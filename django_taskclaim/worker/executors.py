@@ -30,7 +30,7 @@ from django.db.models import Model
 
 from django_taskclaim.config.options import get_options
 from django_taskclaim.exceptions import ClaimLost, Retry
-from django_taskclaim.model.claimable import Claimable
+from django_taskclaim.row.claimable import Claimable
 from django_taskclaim.settle.outcome import Attempt, TaskAborted, attempt, cancel_flag, settle
 from django_taskclaim.settle.transitions import RETRY_IN_ATTR, Outcome
 from django_taskclaim.settle.writes import storable_text
@@ -89,12 +89,19 @@ class Executors:
             report_fd=deadline_report,
         )
         self._bodies: dict[type, Body] = {}
+        #: Per executor thread: the row whose body it runs and since when (monotonic).
+        self._since: dict[str, tuple[Any, float]] = {}
         #: Per executor thread: the outage epoch and the time of its last drop_stale().
         self._stale_seen: dict[str, tuple[int, float]] = {}
         self._grace_over = False  # async bodies cancelled at the end of the grace period
         self._finished: set[str] = set()  # ended normally (not crashed)
         self._crashes: list[float] = []  # monotonic times of crashes
         self.telemetry = instruments()  # None without OpenTelemetry: nothing measured
+
+    def running_for(self) -> list[tuple[Any, float]]:
+        """The bodies running now, as (row, seconds running), for the worker registry."""
+        now = time.monotonic()
+        return [(task, now - since) for task, since in dict(self._since).values()]
 
     def start(self) -> None:
         for index in range(self.config.concurrency):
@@ -185,7 +192,11 @@ class Executors:
             self._wait_alone(me)
         flag = cancel_flag(task)  # before the body: the heartbeat may set it any time
         started = time.monotonic()
-        done = self._attempt(task, flag, label)
+        self._since[me] = (task, started)
+        try:
+            done = self._attempt(task, flag, label)
+        finally:
+            del self._since[me]
         ended = time.monotonic() if self.telemetry is not None else 0.0
         self.ledger.finishing(me)
         lost = flag.is_set() or self.ledger.is_lost(task)
@@ -201,6 +212,7 @@ class Executors:
             outcome = self._settle_again(task, done, exc)
         if outcome is not Outcome.DEFERRED:  # counted once written (Acks.flush)
             self.ledger.history.count(task, outcome)  # done / failed, for the admin's charts
+        self.ledger.history.attempts.note(task, outcome, done.error, started)
         if self.telemetry is not None:
             self.telemetry.ran(task, outcome, started, ended)
         self._log_outcome(task, outcome, done, label, started)

@@ -37,6 +37,7 @@ from django.db import DatabaseError, DataError, IntegrityError, connections
 
 from django_taskclaim.backends.history import KEEP_DAYS, HistoryRow, history_sql, stored_queue
 from django_taskclaim.db import db_now, retry_transient
+from django_taskclaim.worker.attempts import AttemptJournal
 from django_taskclaim.worker.service import one_line
 
 logger = logging.getLogger("django_taskclaim.worker")
@@ -62,6 +63,8 @@ class History:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        #: Each attempt's story, written with the counts (:mod:`.attempts`).
+        self.attempts = AttemptJournal()
         self._counts: dict[tuple[str, str, int], list[int]] = {}
         self._flushing = threading.Lock()
         self._pruned_at: float | None = None
@@ -86,6 +89,7 @@ class History:
     def count_written(self, tasks: list[Any], lost: list[Any] | None) -> None:
         """A batch of deferred completions was written: count ``tasks`` but ``lost``
         (``None``: nothing was written) as done."""
+        self.attempts.written(tasks, lost)
         if lost is None:
             return
         not_written = {id(t) for t in lost}
@@ -187,11 +191,13 @@ class History:
         return written, {}
 
     def flush(self, using: str) -> int:
-        """Add the counts to the history table (one read of the database clock, one
-        upsert; hourly, one delete of the rows older than ``KEEP_DAYS``); return the
-        attempts written. Never raises: a failure is logged (a warning the first time in
-        a row, then debug) and its counts are kept for the next flush."""
+        """Write the attempts noted (:meth:`.AttemptJournal.flush`), then add the counts to
+        the history table (one read of the database clock, one upsert; hourly, one delete
+        of the rows older than ``KEEP_DAYS``); return the attempts counted. Never raises:
+        a failure is logged (a warning the first time in a row, then debug) and its counts
+        are kept for the next flush."""
         with self._flushing:  # the heartbeat and the shutdown never write the same counts
+            self.attempts.flush(using)  # never raises
             counts = self._take()
             written = 0
             try:

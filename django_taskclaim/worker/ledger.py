@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from django_taskclaim.model.claimable import Claimable
+from django_taskclaim.row.claimable import Claimable
 from django_taskclaim.worker.history import History
 
 

@@ -8,7 +8,7 @@ database that keeps failing.
   (``manage.py migrate``).
 - :func:`wait_for_database`: connect and check the schema, retrying a database error
   with backoff. A worker retries for as long as it takes (the database may be starting);
-  with ``--burst`` it gives up after :data:`BURST_WAIT` seconds
+  with ``--burst`` it gives up after :func:`burst_wait` seconds
   (:class:`DatabaseUnavailableError`). Its failures are an
   :class:`~django_taskclaim.worker.service.Outage` (the worker's one outage tracker):
   reported at once and then every :data:`~django_taskclaim.worker.service.WARN_EVERY`
@@ -29,6 +29,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router
 from django.db.models import Model
 
 from django_taskclaim.backends import for_alias
+from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.exceptions import TaskClaimError
 from django_taskclaim.worker.dbconn import close
 from django_taskclaim.worker.exits import EXIT_CONFIG, EXIT_OK, EXIT_UNAVAILABLE
@@ -36,14 +37,17 @@ from django_taskclaim.worker.service import Outage
 
 logger = logging.getLogger("django_taskclaim.worker")
 
-#: Seconds a ``--burst`` worker retries a database that fails (unreachable at start, or
-#: every claim failing) before it exits with
-#: :data:`~django_taskclaim.worker.exits.EXIT_UNAVAILABLE`.
-BURST_WAIT = 30.0
+
+def burst_wait() -> float:
+    """Seconds a ``--burst`` worker retries a database that fails (unreachable at start,
+    or every claim failing) before it exits with
+    :data:`~django_taskclaim.worker.exits.EXIT_UNAVAILABLE`: ``TASKCLAIM_BURST_GIVE_UP``
+    (30 s by default)."""
+    return float(taskclaim_settings.BURST_GIVE_UP)
 
 
 class DatabaseUnavailableError(TaskClaimError):
-    """A ``--burst`` worker's database kept failing for :data:`BURST_WAIT` seconds."""
+    """A ``--burst`` worker's database kept failing for :func:`burst_wait` seconds."""
 
 
 class DatabaseMissingError(TaskClaimError):
@@ -150,13 +154,13 @@ def wait_for_database(
     start), retrying a database error with backoff (reported by an :class:`Outage`);
     ``None`` if ``stopping`` is set meanwhile (``wake`` cuts a backoff short). With
     ``burst``, raise :class:`DatabaseUnavailableError` once the failures have lasted
-    :data:`BURST_WAIT` seconds."""
+    :func:`burst_wait` seconds."""
     models = list(models)
     outage = Outage(
         f"connect to {using!r}",
         worker_id,
         using=using,
-        give_up_after=BURST_WAIT if burst else None,
+        give_up_after=burst_wait() if burst else None,
     )
     while not stopping.is_set():
         try:

@@ -15,7 +15,7 @@ but unstarted rows at once (attempt not counted) and lets running tasks finish w
 Start: the worker waits for its database and checks its schema (:mod:`.preflight`;
 a missing table or column: one line naming ``migrate``, :data:`~.exits.EXIT_CONFIG`).
 A failing database is retried, reported as an :class:`~.service.Outage`; a ``--burst``
-worker gives up after :data:`~.preflight.BURST_WAIT` seconds, at start or when every
+worker gives up after :func:`~.preflight.burst_wait` seconds, at start or when every
 claim fails (:data:`~.exits.EXIT_UNAVAILABLE`).
 
 A supervised process (``parent`` given) never outlives its supervisor: when the
@@ -49,12 +49,13 @@ from django_taskclaim.worker.exits import (
 from django_taskclaim.worker.handback import Handback
 from django_taskclaim.worker.leasewatch import LeaseReport
 from django_taskclaim.worker.ledger import Ledger
+from django_taskclaim.worker.maintenance.depth import depth_sampler
 from django_taskclaim.worker.maintenance.heartbeat import Heartbeat
 from django_taskclaim.worker.maintenance.listener import Listener
 from django_taskclaim.worker.maintenance.reaping import Reaping, reap_before_burst
 from django_taskclaim.worker.maintenance.registry import Registry
 from django_taskclaim.worker.maintenance.scheduler import Scheduler
-from django_taskclaim.worker.preflight import BURST_WAIT, refusal
+from django_taskclaim.worker.preflight import burst_wait, refusal
 from django_taskclaim.worker.scope import Scope
 from django_taskclaim.worker.service import Outage, Service
 from django_taskclaim.worker.stopping import Stop
@@ -113,12 +114,12 @@ class Worker:
             else LeaseReport(report_fd, self.ledger, worker_id=self.worker_id)
         )
         # Claim failures reported every WARN_EVERY seconds while they last (the claimer
-        # logs the first one itself); --burst gives up on them after BURST_WAIT.
+        # logs the first one itself); --burst gives up on them after burst_wait().
         self.claim_outage = Outage(
             "claim",
             self.worker_id,
             using=self.using,
-            give_up_after=BURST_WAIT if config.burst else None,
+            give_up_after=burst_wait() if config.burst else None,
             warn_first=False,
         )
         self.claimer = self._claimer()
@@ -131,6 +132,9 @@ class Worker:
             wake_main=self._main_wake,
             deadline_report=report_fd,
         )
+        self.registry.running = self.executors.running_for
+        self.ledger.history.attempts.worker_id = self.worker_id
+        self.registry.on_stop_request = self._stop_requested
         #: The background services (heartbeat, reaping, scheduler, listener), once started.
         self._services: list[Service] = []
 
@@ -162,6 +166,11 @@ class Worker:
     def request_stop(self, reason: str = "requested") -> None:
         """Begin a graceful stop: no new claims, unstarted rows released, grace starts."""
         self._stop.request(reason)
+
+    def _stop_requested(self, by: str) -> None:
+        """An operator asked this worker to stop (the registry found the request)."""
+        logger.info("stop requested by %s: stopping worker=%s", by, self.worker_id)
+        self._stop.request(f"stop requested by {by}")
 
     def run(self, announce: Callable[[], None] | None = None) -> int:
         """Run until stopped; return an exit code (see :data:`~.exits.EXIT_CODES`).
@@ -347,6 +356,7 @@ class Worker:
                 on_lost=self.executors.claim_lost,
                 on_beat=self.executors.deadlines.beat,
                 lease_report=self.lease_report,
+                depth=depth_sampler(c.models, using=self.using, worker_id=self.worker_id),
             )
         )
         if c.reap:

@@ -12,6 +12,7 @@ from django.db.models import Min, Model
 
 from django_taskclaim.backends import for_alias, for_connection
 from django_taskclaim.claim import resolve
+from django_taskclaim.claim.scope import on_queue
 from django_taskclaim.config.options import get_options
 from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.db import db_now
@@ -31,7 +32,7 @@ class Scope:
         if not hasattr(qs, "claim"):
             qs = ClaimQuerySet(model=model, using=self.using)
         if self.config.queue is not None:
-            qs = qs.filter(queue_name=self.config.queue)
+            qs = on_queue(qs, self.config.queue)  # compiled once, not per claim
         return qs
 
     def describe(self, worker_id: str, lease: float) -> str:

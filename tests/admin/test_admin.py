@@ -125,7 +125,14 @@ def test_changelist_columns_badges_and_summary(admin_client):
     html = resp.content.decode()
     assert ">in 9m 5" in html or ">in 10m 00s<" in html  # deferred by run_after
     summary = resp.context["taskclaim_summary"]["stats"]
-    assert summary.counts == {"ready": 4, "processing": 2, "done": 4, "failed": 1, "cancelled": 0}
+    assert summary.counts == {
+        "ready": 4,
+        "processing": 2,
+        "done": 4,
+        "failed": 1,
+        "cancelled": 0,
+        "waiting": 0,
+    }
     assert summary.expired == 1
     for state, n in (("ready", 4), ("processing", 2), ("done", 4), ("failed", 1)):
         assert f'data-state="{state}" data-count="{n}"' in html
@@ -313,6 +320,7 @@ def test_action_with_nothing_legal_reports_skips(admin_client):
     assert states()["ready"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.django_db
 def test_select_all_works_in_bounded_batches_without_loading_rows(admin_client, monkeypatch):
     # What is checked (no row instantiated, n // batch UPDATEs, every SELECT bounded) does
@@ -534,6 +542,7 @@ def test_dashboard_shows_every_claimable_model_and_live_workers(admin_client, wo
         "done": 4,
         "failed": 0,
         "cancelled": 0,
+        "waiting": 0,
     }
     assert (doc["expired"], doc["done_5"], doc["done_60"]) == (1, 3, 4)
     assert doc["oldest_ready"] != "—"
@@ -643,6 +652,7 @@ def test_rows_with_an_unmapped_status_are_counted_alike_everywhere(admin_client)
         "done": 0,
         "failed": 2,
         "cancelled": 0,
+        "waiting": 0,
         "unknown": 1,
         "expired": 0,
     }
@@ -804,6 +814,7 @@ STYLESHEET_HREF = 'href="/static/django_taskclaim/admin.css"'
 INLINE_STYLE = re.compile(r"<[^>]*taskclaim[^>]*\sstyle=|<style[^>]*>[^<]*taskclaim")
 
 
+@pytest.mark.slow
 @pytest.mark.django_db
 def test_admin_pages_style_from_the_static_stylesheet_only(admin_client, workers):
     """Every page of ours links the app's stylesheet once and carries no inline CSS (a

@@ -12,13 +12,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.contrib import admin
 from django.contrib.auth.models import Permission
+from django.db import connection
 from django.test import Client, override_settings
+from django.test.utils import CaptureQueriesContext
 from django.urls import path, reverse
 
 from django_taskclaim.admin import ClaimableAdminMixin
-from django_taskclaim.admin.own_models import WorkerProcessAdmin
-from django_taskclaim.db import db_now
-from django_taskclaim.models import WorkerProcess
+from django_taskclaim.admin.workers import WorkerProcessAdmin
+from django_taskclaim.db import DbNow, db_now
+from django_taskclaim.models import TaskAttempt, TaskHistory, WorkerProcess
 from tests.support.flowapp.models import Errand
 from tests.support.testapp.models import Document, Job
 
@@ -220,3 +222,98 @@ def test_only_staff_who_may_view_the_model_see_its_charts(django_user_model, his
     client.force_login(other)
     html = client.get(reverse(CHANGELIST, current_app="charts_admin")).content.decode()
     assert series(model_section(html, "flowapp.Errand"))[""]["hour"] == history["hour"][""]
+
+
+def test_each_chart_gives_its_failure_rate_and_the_day_chart_dates_its_ends(admin_client, history):
+    html = admin_client.get(reverse(CHANGELIST, current_app="charts_admin")).content.decode()
+    got = series(model_section(html, "flowapp.Errand"))
+    # 9 done, 1 failed in the hour: 10 %; 9 done, 3 failed in the day: 25 %
+    assert 'data-rate="10 %">(10 % failed)' in got[""]["hour_svg"]
+    assert 'data-rate="25 %">(25 % failed)' in got[""]["day_svg"]
+    day_ends = re.findall(
+        r'<text class="tc-text" x="[\d.]+" y="[\d.]+"[^>]*>([^<]+)</text>', got[""]["day_svg"]
+    )
+    dated = [t for t in day_ends if re.fullmatch(r"\d\d \w{3} \d\d:\d\d", t)]
+    assert len(dated) == 2, day_ends
+    assert dated[0] != dated[1]  # the two ends: the same hour of two days
+    hour_ends = re.findall(r">(\d\d:\d\d)</text>", got[""]["hour_svg"])
+    assert len(hour_ends) == 2  # the hour chart: times only
+    assert "attempts finished by workers" in html  # what the charts leave out, said on them
+
+
+def test_runtime_percentiles_come_from_the_attempts_journal(admin_client, history, settings):
+    html = admin_client.get(reverse(CHANGELIST, current_app="charts_admin")).content.decode()
+    # not every attempt recorded: the rows' claimed_at, which none of these has
+    assert "claim time (claimed_at) known" in model_section(html, "flowapp.Errand")
+    settings.TASKCLAIM_ATTEMPT_LOG = "all"
+    now = db_now()
+    TaskAttempt.objects.bulk_create(
+        [
+            TaskAttempt(
+                model="flowapp.Errand",
+                row=str(i),
+                number=1,
+                started_at=now - timedelta(minutes=5),
+                runtime=float(i),
+                outcome="done",
+            )
+            for i in range(1, 101)  # runtimes 1 s … 100 s
+        ]
+        + [  # started before the hour: not counted
+            TaskAttempt(
+                model="flowapp.Errand",
+                row="old",
+                number=1,
+                started_at=now - timedelta(minutes=90),
+                runtime=9999.0,
+                outcome="done",
+            )
+        ]
+    )
+    html = admin_client.get(reverse(CHANGELIST, current_app="charts_admin")).content.decode()
+    section = model_section(html, "flowapp.Errand")
+    assert "p50 50.000 s · p95 95.000 s · p99 99.000 s, of 100 attempts" in section
+
+
+def runtime_reads(queries) -> list[str]:
+    """The reads of the rows' runtimes among captured queries."""
+    found = re.compile(r'claimed_at["`]? IS NOT NULL')
+    return [q["sql"] for q in queries.captured_queries if found.search(q["sql"])]
+
+
+def test_runtime_percentiles_come_from_the_rows_claimed_at_otherwise(admin_client, settings):
+    """Without the journal of every attempt, a model with ``claimed_at`` charted from its
+    rows gets the percentiles of ``finished_at - claimed_at`` over the rows finished in
+    the last hour, said to be that."""
+    settings.TASKCLAIM_ATTEMPT_LOG = "errors"
+    rows = Errand.objects.bulk_create([Errand(queue_name="emails") for _ in range(103)])
+    five_ago = DbNow() - timedelta(minutes=5)
+    for i, row in enumerate(rows[:100], start=1):  # runtimes 1 s … 100 s
+        Errand.objects.filter(pk=row.pk).update(
+            status="done" if i % 10 else "failed",
+            claimed_at=five_ago - timedelta(seconds=i),
+            finished_at=five_ago,
+        )
+    Errand.objects.filter(pk=rows[100].pk).update(  # finished before the hour
+        status="done",
+        claimed_at=DbNow() - timedelta(hours=3),
+        finished_at=DbNow() - timedelta(hours=2),
+    )
+    Errand.objects.filter(pk=rows[101].pk).update(status="done", finished_at=five_ago)  # no claim
+    Errand.objects.filter(pk=rows[102].pk).update(  # cancelled: not a runtime
+        status="cancelled", claimed_at=DbNow() - timedelta(hours=1), finished_at=five_ago
+    )
+    with CaptureQueriesContext(connection) as queries:
+        html = admin_client.get(reverse(CHANGELIST, current_app="charts_admin")).content.decode()
+    assert len(runtime_reads(queries)) == 1  # one query for the percentiles
+    section = model_section(html, "flowapp.Errand")
+    assert 'data-n="100" data-source="rows"' in section
+    assert "from the claim of their last attempt to its end" in section
+    assert "p50 50.000 s · p95 95.000 s · p99 99.000 s, of 100 tasks" in section
+    # the workers' history is there: no second scan of the finished rows for runtimes
+    TaskHistory.objects.create(model="flowapp.Errand", queue="emails", minute=db_now(), done=1)
+    with CaptureQueriesContext(connection) as queries:
+        html = admin_client.get(reverse(CHANGELIST, current_app="charts_admin")).content.decode()
+    section = model_section(html, "flowapp.Errand")
+    assert 'TASKCLAIM_ATTEMPT_LOG = "all"' in section
+    assert runtime_reads(queries) == []

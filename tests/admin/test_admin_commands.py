@@ -73,7 +73,14 @@ def test_stats_json_one_model():
     data = json.loads(run("taskclaim_stats", "testapp.Document", "--json"))
     assert [m["label"] for m in data["models"]] == ["testapp.Document"]
     (doc,) = data["models"]
-    assert doc["counts"] == {"ready": 2, "processing": 1, "done": 5, "failed": 1, "cancelled": 1}
+    assert doc["counts"] == {
+        "ready": 2,
+        "processing": 1,
+        "done": 5,
+        "failed": 1,
+        "cancelled": 1,
+        "waiting": 0,
+    }
     assert doc["expired"] == 1
     assert doc["done_last"] == {"5m": 3, "60m": 3}
     assert doc["oldest_ready_age"] is not None
@@ -94,6 +101,7 @@ def test_stats_count_rows_with_an_unmapped_status_as_unknown():
         "done": 5,
         "failed": 1,
         "cancelled": 1,
+        "waiting": 0,
         "unknown": 1,
     }
     assert doc["total"] == 10

@@ -17,7 +17,8 @@ from django.urls import path, reverse
 
 from django_taskclaim import ClaimLost
 from django_taskclaim.admin import ClaimableAdminMixin
-from django_taskclaim.admin.own_models import QueuePauseAdmin, WorkerProcessAdmin
+from django_taskclaim.admin.own_models import QueuePauseAdmin
+from django_taskclaim.admin.workers import WorkerProcessAdmin
 from django_taskclaim.db import DbNow
 from django_taskclaim.flow.pause import is_paused, pause
 from django_taskclaim.models import QueuePause, WorkerProcess

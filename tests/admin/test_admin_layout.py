@@ -18,8 +18,8 @@ from django.urls import reverse
 
 from django_taskclaim.db import DbNow, db_now
 from django_taskclaim.models import PeriodicRun, PeriodicSlot, WorkerProcess
-from django_taskclaim.ops.reported import periodic_in_use, periodic_runs_in_use
 from django_taskclaim.periodic import periodic, register, schedules, unregister
+from django_taskclaim.periodic.reported import periodic_in_use, periodic_runs_in_use
 from tests.support.testapp.models import Document
 
 DASHBOARD = "admin:taskclaim_dashboard"

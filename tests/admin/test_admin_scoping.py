@@ -11,7 +11,7 @@ from django.contrib import admin
 from django.urls import path, reverse
 
 from django_taskclaim.admin import ClaimableAdminMixin
-from django_taskclaim.admin.own_models import WorkerProcessAdmin
+from django_taskclaim.admin.workers import WorkerProcessAdmin
 from django_taskclaim.db import DbNow
 from django_taskclaim.models import WorkerProcess
 from tests.support.testapp.models import Document, Job
@@ -71,7 +71,7 @@ def tenants():
     Job.objects.create(name="j")
 
 
-MINE = {"ready": 2, "processing": 0, "done": 1, "failed": 0, "cancelled": 0}
+MINE = {"ready": 2, "processing": 0, "done": 1, "failed": 0, "cancelled": 0, "waiting": 0}
 
 
 def test_changelist_summary_counts_only_what_the_admin_queryset_sees(admin_client, tenants):
@@ -119,6 +119,13 @@ def test_default_site_still_counts_every_row(admin_client, tenants):
     resp = admin_client.get(reverse("admin:taskclaim_dashboard"))
     rows = {r["label"]: r for r in resp.context["taskclaim_rows"]}
     counts = {c["state"]: c["count"] for c in rows["testapp.Document"]["cells"]}
-    assert counts == {"ready": 7, "processing": 2, "done": 1, "failed": 3, "cancelled": 0}
+    assert counts == {
+        "ready": 7,
+        "processing": 2,
+        "done": 1,
+        "failed": 3,
+        "cancelled": 0,
+        "waiting": 0,
+    }
     assert rows["testapp.Document"]["expired"] == 2
     assert "testapp.Job" in rows

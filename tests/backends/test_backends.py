@@ -120,9 +120,8 @@ COLUMNS = ClaimColumns(
     version='"v"',
     attempts='"a"',
     locked_until='"lu"',
-    locked_by='"lb"',
-    finished_at=None,
     returning='"t"."id", "t"."state"',
+    claim_writes=(('"lb"', "holder"),),
 )
 
 

@@ -33,6 +33,13 @@ def test_bad_pooler_mode():
     assert "taskclaim.E004" in ids(check_settings())
 
 
+@pytest.mark.parametrize("value", ["error", "", None, True])
+def test_bad_attempt_log(value):
+    with override_settings(TASKCLAIM_ATTEMPT_LOG=value):
+        assert "taskclaim.E009" in ids(check_settings())
+    assert "taskclaim.E009" not in ids(check_settings())
+
+
 def test_sqlite_without_immediate_warns(monkeypatch):
     from types import SimpleNamespace
 

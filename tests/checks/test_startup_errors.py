@@ -16,7 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.markers import ONCE_ON_SQLITE
+
 ROOT = Path(__file__).resolve().parents[2]
+#: Each scratch project has its own SQLite file, whatever database the suite runs on.
+pytestmark = ONCE_ON_SQLITE
 
 SETTINGS = """
 SECRET_KEY = "scratch"
@@ -136,6 +140,7 @@ BAD_RATE_LIMITS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("value", "message"), BAD_RATE_LIMITS)
 @pytest.mark.parametrize("admin", [True, False], ids=["admin", "no-admin"])
 def test_bad_rate_limit_is_one_line_in_check(tmp_path, value, message, admin):
@@ -145,6 +150,7 @@ def test_bad_rate_limit_is_one_line_in_check(tmp_path, value, message, admin):
     assert message in line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["migrate", "--noinput"], ["runserver", "--noreload"]])
 def test_bad_rate_limit_stops_other_commands_in_one_line(tmp_path, command):
     project = scratch_project(tmp_path, {"rate_limit": "0/s"})
@@ -169,6 +175,7 @@ def test_claim_meta_typo_is_one_line_with_the_admin(tmp_path):
     assert "rate_limit" in line.split("allowed: ")[1]
 
 
+@pytest.mark.slow
 def test_app_missing_from_installed_apps_is_one_line(tmp_path):
     project = scratch_project(tmp_path, {}, installed=False)
     line = the_one_line(manage(project, "check"))

@@ -317,3 +317,22 @@ def test_the_strategy_names_are_the_registered_strategies():
     from django_taskclaim.config.claim_meta import STRATEGY_NAMES
 
     assert ("auto", *STRATEGIES) == STRATEGY_NAMES
+
+
+@pytest.mark.parametrize("strategy", ALL)
+def test_a_kept_claim_statement_serves_only_claims_with_its_size_lease_and_holder(strategy):
+    """A worker's claim statement is built once and kept (``statements.kept_claim``):
+    claims that differ in size, lease or holder each get their own, so every row comes
+    back with the lease and holder its own claim asked for."""
+    supported(strategy)
+    Document.objects.bulk_create([Document(title=f"k{i}") for i in range(8)])
+    asks = [(1, 60, "a"), (1, 60, "a"), (1, 300, "a"), (1, 60, "b"), (2, 60, "b"), (1, 60, "a")]
+    for n, lease, holder in asks:
+        rows = claim(Document.objects.all(), n, strategy, lease=lease, worker=holder)
+        assert len(rows) == n
+        for row in rows:
+            db = Document.objects.annotate(now=DbNow()).get(pk=row.pk)
+            assert db.locked_by == row.locked_by == holder
+            left = (db.locked_until - db.now).total_seconds()
+            assert lease - 30 < left <= lease, (n, lease, holder, left)
+    assert Document.objects.claimable().count() == 1

@@ -166,6 +166,7 @@ def test_server_side_binding_takes_the_gate_in_a_transaction_of_its_own():
     assert sent[1] == claims_sent(ctx.captured_queries)[0]
 
 
+@pytest.mark.slow
 def test_every_row_claimed_once_behind_the_gate(tmp_path):
     """ONE HOLDER and NO LOSS with every claim behind the gate (8 processes)."""
     Document.objects.bulk_create([Document(title=str(i)) for i in range(3000)], batch_size=1000)
@@ -179,6 +180,7 @@ def test_every_row_claimed_once_behind_the_gate(tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_claims_behind_the_gate_through_pgbouncer_transaction_pooling(tmp_path):
     """The gate is transaction-scoped: it holds through a transaction-pooling pgBouncer,
     where each round trip may run on another server connection."""

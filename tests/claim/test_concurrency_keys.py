@@ -19,15 +19,12 @@ from django.test.utils import CaptureQueriesContext, isolate_apps
 
 from django_taskclaim.checks.concurrency_keys import check_concurrency_keys
 from django_taskclaim.claim import STRATEGIES
+from django_taskclaim.claim.guard import guard_of
 from django_taskclaim.claim.key_slots import _pick
 from django_taskclaim.config import bounds
 from django_taskclaim.config.options import get_options
 from django_taskclaim.exceptions import ConfigurationError, StrategyNotSupportedError
-from django_taskclaim.model.concurrency_keys import (
-    concurrency_constraint,
-    concurrency_slot,
-    guard_of,
-)
+from django_taskclaim.model.concurrency_keys import concurrency_constraint, concurrency_slot
 from django_taskclaim.models import ClaimableModel
 from tests.support.helpers import claim_queries, wait_for
 from tests.support.keyedapp.models import KeyedJob, KeyRun, PairJob, PlainJob
@@ -405,6 +402,7 @@ def _runs_by_key(model: type[models.Model]) -> dict[int, list[KeyRun]]:
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "limit"), [(KeyedJob, 1), (PairJob, 2)])
 def test_workers_hold_each_key_at_most_limit_fifo(procs, model, limit):
     """8 worker processes drain 50 keys. By the ledger (database clock): every row ran

@@ -263,3 +263,33 @@ def test_the_pauses_are_read_once_per_poll_interval_not_per_claim(settings):
         assert [len(r) for r in reads] == [1, 0]
         assert len(captured[0]) == len(captured[1]) + 1
     assert len(claim_queries(captured[0])) == len(claim_queries(captured[1]))
+
+
+@pytest.mark.parametrize("strategy", ALL)
+@pytest.mark.parametrize("model", [Errand, KeyedErrand], ids=["plain", "keyed"])
+def test_a_queue_scope_compiles_once_and_never_lends_its_sql_to_another_queue(model, strategy):
+    """The worker's ``--queue`` scope (:func:`~django_taskclaim.claim.scope.on_queue`)
+    keeps its claim SQL per queue: claims of queue ``a`` and ``b`` in turn each take only
+    their own rows, a queryset derived from a scoped one (another filter) compiles its
+    own, and a pause of the queue still empties the scope."""
+    from django_taskclaim.claim.scope import on_queue, plain_key
+
+    supported(strategy, model)
+    make(model, a=3, b=3)
+    scoped_a = on_queue(model.objects.all(), "a")
+    assert plain_key(scoped_a, strategy) is not None
+    assert plain_key(on_queue(model.objects.filter(pk__gt=0), "a"), strategy) is None
+    narrower = scoped_a.filter(pk__in=[r.pk for r in model.objects.filter(queue_name="b")])
+    assert plain_key(narrower, strategy) is None  # a clone carries no key of its own
+    taken = []
+    for queue in ["a", "b", "a", "b"]:
+        rows = claim(on_queue(model.objects.all(), queue), 1, strategy)
+        assert [r.queue_name for r in rows] == [queue]
+        taken += rows
+    assert claim(narrower, 10, strategy) == []  # b's rows filtered by a's scope: none
+    pause(model, "a")
+    assert claim(on_queue(model.objects.all(), "a"), 10, strategy) == []
+    assert [r.queue_name for r in claim(on_queue(model.objects.all(), "b"), 10, strategy)] == ["b"]
+    resume(model, "a")
+    assert [r.queue_name for r in claim(on_queue(model.objects.all(), "a"), 10, strategy)] == ["a"]
+    assert len({r.pk for r in taken}) == 4

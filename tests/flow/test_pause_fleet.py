@@ -41,6 +41,7 @@ def runs(queue: str) -> int:
     return ErrandRun.objects.filter(queue=queue).count()
 
 
+@pytest.mark.slow
 def test_a_fleet_stops_claiming_a_paused_queue_within_one_poll_and_drains_after_resume(procs):
     Errand.objects.bulk_create(
         [Errand(queue_name="a", work=0.05) for _ in range(150)]

@@ -50,6 +50,7 @@ def done() -> bool:
     return not Errand.objects.exclude(status="done").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc")
 def test_a_worker_whose_models_are_all_paused_idles_then_drains_on_resume(procs):
     Errand.objects.bulk_create([Errand(queue_name=q) for q in ("a", "b") for _ in range(5)])
@@ -67,6 +68,7 @@ def test_a_worker_whose_models_are_all_paused_idles_then_drains_on_resume(procs)
     assert w.stop() == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(settings.DB_VENDOR != "postgresql", reason="LISTEN/NOTIFY is PostgreSQL's")
 def test_on_postgresql_pause_and_resume_reach_a_listening_worker_before_its_next_poll(procs):
     """Poll interval 60 s: only the notifications can make the worker see the changes
@@ -90,6 +92,7 @@ def test_on_postgresql_pause_and_resume_reach_a_listening_worker_before_its_next
     assert w.stop() == 0
 
 
+@pytest.mark.slow
 def test_forked_worker_processes_honour_a_pause_and_its_resume(procs):
     """``--processes 2``: each forked child keeps its own snapshot of the pauses."""
     Errand.objects.bulk_create([Errand(queue_name=q) for q in ("a", "b") for _ in range(6)])

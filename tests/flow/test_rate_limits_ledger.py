@@ -4,7 +4,8 @@ under ``rate_limit = "300/s"``; one worker is SIGKILLed while it holds claims.
 Every attempt records its claim time (the database clock value its claim wrote its lease
 from) as it starts, committed at once, so a killed attempt stays counted. Then: no
 window of one second holds more than 300 starts, every row is done, a row ran twice
-only if the killed worker held it, and the ring still lends all its 300 slots (nothing
+only if the killed worker held it or an earlier attempt of it did not end done (its
+worker recorded why: ``TaskAttempt``), and the ring still lends all its 300 slots (nothing
 leaked).
 
 The per-key test does the same under ``key_rate_limit = "10/s"`` with 20 key values
@@ -21,8 +22,8 @@ import pytest
 from django.db.models import Max
 
 from django_taskclaim.db import db_now
-from django_taskclaim.model.status import Status
-from django_taskclaim.models import RateSlot
+from django_taskclaim.models import RateSlot, TaskAttempt
+from django_taskclaim.row.status import Status
 from tests.flow.test_rate_limits import claim_meta, max_in_window
 from tests.support.helpers import wait_for
 from tests.support.keyedapp.models import KeyRun, PairJob
@@ -42,6 +43,22 @@ META = {
 SETTINGS = {"TASKCLAIM_REAP_INTERVAL": 0.5, "TASKCLAIM_RETRY_BACKOFF": 0.05}
 
 
+def assert_reruns_explained(again: set[Any], held: set[Any], label: str) -> None:
+    """A row ran a second time only if the killed worker held it, or an earlier attempt
+    of it ended otherwise than done, as its worker recorded (``TaskAttempt``, which the
+    workers write for every attempt that did not end done: a body that failed, a claim
+    lost). On a loaded machine a body's own write can fail (SQLite's write lock waited
+    out) and its row is retried: that is a second run by design, not an early one."""
+    unexplained = again - held
+    if not unexplained:
+        return
+    attempts = TaskAttempt.objects.filter(model=label, row__in=[str(pk) for pk in unexplained])
+    explained = {int(row) for row in attempts.exclude(outcome="done").values_list("row", flat=True)}
+    stories = list(attempts.values_list("row", "number", "outcome", "error")[:10])
+    assert unexplained <= explained, (sorted(unexplained - explained)[:20], stories)
+
+
+@pytest.mark.slow
 def test_fleet_never_exceeds_the_limit_and_a_kill_leaks_no_slot() -> None:
     Document.objects.bulk_create(Document(title=str(i)) for i in range(3000))
     procs = [
@@ -59,21 +76,15 @@ def test_fleet_never_exceeds_the_limit_and_a_kill_leaks_no_slot() -> None:
     try:
         victim = procs[0]
         victim.wait_started(timeout=60)
-        # SIGKILL the victim while it holds claimed rows (mid-run).
-        wait_for(
-            lambda: (
-                KeyRun.objects.count() >= 900
-                and Document.objects.filter(status=Status.PROCESSING, locked_by="rl-0").exists()
-            ),
-            timeout=90,
-            what="the victim holding claims mid-run",
-        )
-        held = set(
-            Document.objects.filter(status=Status.PROCESSING, locked_by="rl-0").values_list(
-                "pk", flat=True
+        wait_for(lambda: KeyRun.objects.count() >= 900, timeout=90, what="a third of the runs")
+        # SIGKILL the victim while it holds claimed rows (mid-run), frozen while they are read.
+        held = victim.kill_holding(
+            lambda: set(
+                Document.objects.filter(status=Status.PROCESSING, locked_by="rl-0").values_list(
+                    "pk", flat=True
+                )
             )
         )
-        victim.kill()
         wait_for(
             lambda: Document.objects.filter(status=Status.DONE).count() == 3000,
             timeout=120,
@@ -91,7 +102,7 @@ def test_fleet_never_exceeds_the_limit_and_a_kill_leaks_no_slot() -> None:
     for task, token, _ in runs:
         per_task.setdefault(task, []).append(token)
     again = {task for task, tokens in per_task.items() if len(tokens) > 1}
-    assert again <= held  # only the killed worker's rows ran a second time
+    assert_reruns_explained(again, held, "testapp.Document")
     assert all(len(set(t)) == len(t) for t in per_task.values())  # one holder per token
     # Nothing leaked: the ring is whole and, a window later, lends every slot at once.
     assert RateSlot.objects.filter(model="testapp.Document").count() == LIMIT
@@ -124,6 +135,7 @@ KEY_META = {
 }
 
 
+@pytest.mark.slow
 def test_fleet_never_exceeds_the_key_limit_of_any_key_and_a_kill_leaks_no_slot() -> None:
     """Eight workers, 3,000 rows over 20 keys, ``key_rate_limit = "10/s"``, one worker
     SIGKILLed while it holds claims."""
@@ -149,23 +161,20 @@ def test_fleet_never_exceeds_the_key_limit_of_any_key_and_a_kill_leaks_no_slot()
     try:
         victim = procs[0]
         victim.wait_started(timeout=60)
-        wait_for(
-            lambda: (
-                KeyRun.objects.count() >= 900
-                and PairJob.objects.filter(status=Status.PROCESSING, locked_by="rk-0").exists()
-            ),
-            timeout=90,
-            what="the victim holding claims mid-run",
-        )
-        held = set(
-            PairJob.objects.filter(status=Status.PROCESSING, locked_by="rk-0").values_list(
-                "pk", flat=True
+        wait_for(lambda: KeyRun.objects.count() >= 900, timeout=90, what="a third of the runs")
+        # SIGKILL the victim while it holds claimed rows (mid-run), frozen while they are read.
+        held = victim.kill_holding(
+            lambda: set(
+                PairJob.objects.filter(status=Status.PROCESSING, locked_by="rk-0").values_list(
+                    "pk", flat=True
+                )
             )
         )
-        victim.kill()
+        # A deadline, not a speed check: 3,000 rows at 10/s per key drain in about 15 s on
+        # a quiet machine; one CI rehearsal at load 10 passed 120 s.
         wait_for(
             lambda: PairJob.objects.filter(status=Status.DONE).count() == 3000,
-            timeout=120,
+            timeout=300,
             what="every row done",
         )
     finally:
@@ -183,7 +192,7 @@ def test_fleet_never_exceeds_the_key_limit_of_any_key_and_a_kill_leaks_no_slot()
     for task, _, token, _ in runs:
         per_task.setdefault(task, []).append(token)
     again = {task for task, tokens in per_task.items() if len(tokens) > 1}
-    assert again <= held  # only the killed worker's rows ran a second time
+    assert_reruns_explained(again, held, "keyedapp.PairJob")
     assert all(len(set(t)) == len(t) for t in per_task.values())  # one holder per token
     # Nothing leaked: every key's ring is whole, or gone (the workers' maintenance prunes
     # a ring idle for a window), and, a window later, lends every slot.

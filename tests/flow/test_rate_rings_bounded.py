@@ -118,6 +118,7 @@ def test_the_key_rings_read_goes_through_the_recent_slots_index() -> None:
     assert "Seq Scan" not in plan, plan
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL plans")
 def test_the_gauges_read_of_live_work_never_scans_the_finished_rows() -> None:
     """50,000 done rows and a few live ones: the gauges' query of the ready and
@@ -216,6 +217,7 @@ def test_a_pass_prunes_a_batch_and_the_next_goes_on(monkeypatch) -> None:
         assert scopes_of(KEYED) == set()
 
 
+@pytest.mark.slow
 def test_pruning_while_claims_run_never_lets_a_key_exceed_its_limit() -> None:
     """Four connections claim and finish rows of 12 keys at ``2/0.3s`` each while a fifth
     prunes idle rings in a loop: a ring is idle exactly when its slots are free, so the
@@ -310,6 +312,7 @@ def test_a_deadlock_in_a_later_pass_keeps_the_rows_claimed_before_it(monkeypatch
 KEY_META = {"key_rate_limit": "2/h", "concurrency_limit": 2, "lease": 30}
 
 
+@pytest.mark.slow
 def test_the_workers_maintenance_prunes_idle_rings() -> None:
     """A real worker (reaping every 0.5 s) deletes the idle key rings of the model it
     serves, and leaves the ring of a key used within its window."""

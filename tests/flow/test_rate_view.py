@@ -102,6 +102,7 @@ def test_one_ring_per_queue_and_per_key() -> None:
             assert [r.starts for r in rings_of("flowapp.Errand").values()] == [0]
 
 
+@pytest.mark.slow
 def test_the_dashboard_shows_the_rings_only_when_a_model_is_limited(admin_client) -> None:
     url = reverse("admin:taskclaim_dashboard")
     html = admin_client.get(url).content.decode()

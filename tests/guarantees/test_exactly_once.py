@@ -57,6 +57,7 @@ def effects() -> Counter:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("pattern", "expected"),
     [("fenced_complete", 1), ("atomic_meta", 1), ("fenced_only", 2)],
@@ -80,6 +81,7 @@ def test_a_kill_right_after_the_effect(procs, pattern, expected):
         assert row.result == f"atomic {task.pk}"  # returned fields commit with the effect
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pattern", EXACTLY_ONCE)
 @pytest.mark.parametrize("then", ["raise", "retry"])
 def test_a_failed_attempt_commits_nothing(procs, pattern, then):

@@ -532,6 +532,7 @@ class Lifecycle(RuleBasedStateMachine):
         assert got == sorted(self.ledger), "a fenced block's write landed without the claim"
 
 
+@pytest.mark.slow
 def test_lifecycle_matches_its_model():
     machine: Any = Lifecycle
     chosen = os.environ.get("TASKCLAIM_PROPERTY_SEED", "")

@@ -68,6 +68,7 @@ def recovered_by_a_reap_pass(procs_alive: str) -> Document:
     return ghost
 
 
+@pytest.mark.slow
 def test_heartbeat_slower_than_the_silence_threshold_never_reruns(procs):
     """Finding 1: a healthy worker whose registry looks silent (heartbeat every 2 s,
     silence shown after 1 s) keeps its task; the sibling never starts it again."""
@@ -88,6 +89,7 @@ def test_heartbeat_slower_than_the_silence_threshold_never_reruns(procs):
     assert second.alive()
 
 
+@pytest.mark.slow
 def test_a_paused_worker_keeps_its_valid_lease(procs):
     """Finding 2: SIGSTOP (a GC pause, VM steal) silences a worker; its sibling reaps
     meanwhile but never takes the row whose lease is valid. After SIGCONT the first
@@ -147,6 +149,7 @@ def test_supervisor_releases_a_killed_childs_rows_at_once(procs):
     assert sup.alive()
 
 
+@pytest.mark.slow
 def test_a_poison_task_in_a_batch_fails_alone_and_the_innocents_finish(procs):
     """A task that kills its worker is retried alone: the rows that shared its batch are
     never charged for its deaths, so they finish while it fails after max_attempts."""
@@ -187,6 +190,7 @@ def test_a_poison_task_in_a_batch_fails_alone_and_the_innocents_finish(procs):
     assert sup.alive()
 
 
+@pytest.mark.slow
 def test_base_exceptions_from_tasks_never_end_an_executor(procs):
     """SystemExit / KeyboardInterrupt / GeneratorExit raised by a task body are that
     task's failure; the executors live on and every row reaches a final state."""

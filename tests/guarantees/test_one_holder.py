@@ -81,6 +81,7 @@ def strategy_params():
     return ["skip_locked", "cas", "advisory", "serializable", "hold"]
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("strategy", strategy_params())
 def test_every_row_claimed_exactly_once(tmp_path, strategy):
@@ -99,6 +100,7 @@ def test_every_row_claimed_exactly_once(tmp_path, strategy):
     assert set(Document.objects.values_list("version", "attempts").distinct()) == {(1, 1)}
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_integer_status_table_one_holder(tmp_path):
     """A legacy MySQL job table (NEW=1, PENDING=2, …) under the default strategy."""
@@ -110,6 +112,7 @@ def test_integer_status_table_one_holder(tmp_path):
     assert Job.objects.filter(status=Job.PENDING).count() == 2000
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("recipe", ["naive_lock_table", "for_update_unconditional"])
 def test_broken_recipes_double_claim(tmp_path, recipe):

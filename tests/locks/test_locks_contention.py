@@ -31,6 +31,7 @@ def assert_one_holder_at_a_time(
     assert len({r[1] for r in rows}) > 1, "more than one process must have won"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["lease", "advisory", "advisory-session"])
 def test_singleton_has_one_holder_at_a_time(backend):
     if backend != "lease" and connection.vendor == "sqlite":
@@ -41,6 +42,7 @@ def test_singleton_has_one_holder_at_a_time(backend):
         assert_one_holder_at_a_time(totals, table)
 
 
+@pytest.mark.slow
 def test_the_ledger_catches_two_holders_when_there_is_no_lock():
     with ledger_table() as table:
         contend("none", table, procs=4, attempts=15, hold_ms=5)

@@ -78,7 +78,7 @@ def test_a_renewal_may_name_its_own_ttl():
 
 
 def test_takeover_after_expiry_fences_the_old_holder():
-    old = LeaseLock("files", 0.3, owner="old")
+    old = LeaseLock("files", 1.0, owner="old")
     new = LeaseLock("files", 30, owner="new")
     assert old.acquire()
     assert not new.acquire()
@@ -97,7 +97,7 @@ def test_takeover_after_expiry_fences_the_old_holder():
 def test_a_lease_past_its_deadline_is_not_renewed_but_can_be_taken_again():
     """Past its local deadline the holder no longer holds it (someone may), so renew()
     refuses; acquire() takes it anew with a new token."""
-    lock = LeaseLock("lazy", 0.2)
+    lock = LeaseLock("lazy", 1.0)
     assert lock.acquire()
     wait_for(lambda: expired("lazy"), timeout=10, what="the lease to end")
     assert not lock.held
@@ -120,7 +120,8 @@ def test_context_manager_raises_when_held_elsewhere():
 
 
 def test_context_manager_reports_a_lost_lease_on_exit():
-    slow = LeaseLock("lost", 0.2, owner="slow")
+    # 1 s, not less: a statement slower than the lease (a loaded machine) gives it back.
+    slow = LeaseLock("lost", 1.0, owner="slow")
     with pytest.raises(LockLost, match="was lost before the block ended"), slow:  # noqa: PT012
         wait_for(lambda: expired("lost"), timeout=10, what="the lease to end")
         assert LeaseLock("lost", 30, owner="fast").acquire()

@@ -60,6 +60,7 @@ def check(totals: dict[str, int], table: str, attempts: int) -> None:
     assert overlaps(rows) == []
 
 
+@pytest.mark.slow
 def test_transaction_scope_advisory_locks_exclude(bouncer):
     port, name, _ = bouncer
     with ledger_table() as table:
@@ -69,6 +70,7 @@ def test_transaction_scope_advisory_locks_exclude(bouncer):
     assert pgbouncer.transactions_served(port, name) >= 150
 
 
+@pytest.mark.slow
 def test_lease_locks_exclude(bouncer):
     port, name, _ = bouncer
     with ledger_table() as table:
@@ -78,6 +80,7 @@ def test_lease_locks_exclude(bouncer):
     assert pgbouncer.transactions_served(port, name) >= 150
 
 
+@pytest.mark.slow
 def test_session_scope_advisory_locks_are_refused(bouncer):
     port, _, _ = bouncer
     with ledger_table() as table, pytest.raises(AssertionError) as failed:
@@ -119,6 +122,7 @@ def test_a_raw_session_lock_does_not_exclude_through_transaction_pooling(bouncer
         d.close()
 
 
+@pytest.mark.slow
 def test_an_undeclared_pooler_is_detected_and_session_locks_refused(bouncer):
     """pgBouncer on a port other than 6432 and TASKCLAIM_POOLER_MODE unset: PostgreSQL
     reports the port it accepted the connection on, which is not the one Django dialled,

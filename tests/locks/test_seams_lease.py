@@ -96,6 +96,7 @@ def run_contenders(table: str) -> dict[str, int]:
                     child.communicate()
 
 
+@pytest.mark.slow
 def test_contended_short_lease_renewals_land_and_a_lost_holder_is_told_first(ledger, cpu_load):
     totals = run_contenders(ledger)
     with connection.cursor() as cursor:

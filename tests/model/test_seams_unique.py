@@ -20,6 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 PROCS, CALLS, KEYS = 6, 300, 3
 
 
+@pytest.mark.slow
 def test_enqueue_unique_inside_atomic_raced_by_processes_never_deadlocks():
     with tempfile.TemporaryDirectory(prefix="taskclaim-seams-unique-") as tmp:
         go = str(Path(tmp) / "go")

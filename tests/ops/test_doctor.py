@@ -124,7 +124,7 @@ def test_the_text_report_is_one_line_per_finding_with_the_fix_under_a_warning():
 @pytest.mark.django_db
 def test_without_labels_every_claimable_model_is_examined():
     """Every claimable model, but PeriodicRun where no periodic function is used."""
-    from django_taskclaim.ops.reported import reported_models
+    from django_taskclaim.periodic.reported import reported_models
 
     _, out = run_doctor("--json")
     examined = {f["model"] for f in json.loads(out)["findings"]}
@@ -484,6 +484,7 @@ def test_an_undeclared_pooler_in_front_of_postgresql_is_detected(vendor):
     assert [f["id"] for f in data["findings"] if f["severity"] != "ok"] == ["TC-D003"]
 
 
+@pytest.mark.slow
 def test_an_unreachable_database_is_one_error_finding_not_a_traceback(vendor, tmp_path):
     url = {
         "postgresql": "postgres://postgres@127.0.0.1:1/postgres",

@@ -15,7 +15,7 @@ from django.test import override_settings
 from django_taskclaim.db import DbNow
 from django_taskclaim.models import QueuePause, WorkerProcess
 from django_taskclaim.ops.metrics.exposition import METRICS
-from django_taskclaim.ops.reported import reported_models
+from django_taskclaim.periodic.reported import reported_models
 from tests.support.testapp.models import Document
 
 parser = pytest.importorskip("prometheus_client.parser", reason="prometheus_client not installed")

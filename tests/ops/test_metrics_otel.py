@@ -65,6 +65,7 @@ def total(found: dict, name: str, **labels: str) -> float:
     )
 
 
+@pytest.mark.slow
 def test_a_burst_worker_counts_what_its_rows_went_through(reader, settings):
     settings.TASKCLAIM_MAX_ATTEMPTS = 2
     settings.TASKCLAIM_HEARTBEAT_INTERVAL = 0.2

@@ -33,6 +33,7 @@ def plans(sqls: list[str]) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_taskclaim_stats_reads_no_finished_row_of_a_large_table() -> None:
     Errand.objects.bulk_create(
         (Errand(queue_name=f"q{i % 3}", status="done") for i in range(FINISHED)),

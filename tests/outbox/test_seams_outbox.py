@@ -249,6 +249,7 @@ class Forwarder:
                     s.shutdown(socket.SHUT_RDWR)
 
 
+@pytest.mark.slow
 def test_broker_down_loses_nothing_and_still_fails_only_the_bad_one(procs, broker):
     forwarder = Forwarder(5672 if broker.publisher == "rabbitmq" else 4222)
     url = (

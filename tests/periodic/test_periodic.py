@@ -475,6 +475,7 @@ def slot_list() -> list[datetime]:
     return list(query.values_list("slot", flat=True))
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_four_workers_enqueue_each_slot_once_and_a_killed_one_loses_none():
     procs = [periodic_worker("--worker-id", f"p{i}") for i in range(4)]

@@ -234,6 +234,7 @@ def test_prune_command_moves_rows_of_a_model_with_an_archive():
 ROWS = 600
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_no_row_is_lost_or_doubled_while_workers_claim_complete_and_requeue():
     """Three workers claim and complete, one operator requeues done rows, one archiver

@@ -8,14 +8,25 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
+from django.db import connection, models
 from django.db.models import F
 from django.db.models.functions import Now
+from django.test.utils import CaptureQueriesContext, isolate_apps
 
 from django_taskclaim.config.options import get_options
 from django_taskclaim.db import DbNow
-from django_taskclaim.models import WorkerProcess
+from django_taskclaim.models import (
+    ClaimableMixin,
+    ClaimFieldsMixin,
+    StatusFieldMixin,
+    TimestampFieldsMixin,
+    WorkerProcess,
+)
 from django_taskclaim.rules import (
     heard_from_recently,
+    held_many_q,
+    held_q,
     lease_ended,
     lease_expired_q,
     lease_running_q,
@@ -25,7 +36,7 @@ from django_taskclaim.rules import (
     silent_after,
     silent_worker_q,
 )
-from tests.support.testapp.models import Document
+from tests.support.testapp.models import Document, UUIDTask
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -148,3 +159,73 @@ def test_ready_since_is_the_later_of_creation_and_run_after():
     since, created, run_after = rows["unset"]
     assert run_after is None
     assert since == created
+
+
+@isolate_apps("tests.support.testapp")
+def test_ready_since_without_run_after_is_the_creation_time():
+    """A model without ``run_after`` (its rows are due when created) ages its ready rows
+    from ``created_at`` alone."""
+
+    class Unscheduled(ClaimableMixin, StatusFieldMixin, ClaimFieldsMixin, TimestampFieldsMixin):
+        title = models.CharField(max_length=20, default="")
+
+        class Meta:
+            app_label = "testapp"
+            db_table = "testapp_mutants_unscheduled"
+
+    assert not get_options(Unscheduled).has("run_after")
+    with connection.schema_editor() as editor:
+        editor.create_model(Unscheduled)
+    try:
+        Unscheduled.objects.create(title="older")
+        Unscheduled.objects.create(title="newer")
+        Unscheduled.objects.filter(title="older").update(created_at=DbNow() - timedelta(hours=2))
+        rows = {
+            u.title: (u.since, u.created_at)
+            for u in Unscheduled.objects.annotate(since=ready_since(get_options(Unscheduled)))
+        }
+        assert rows["older"][0] == rows["older"][1]
+        assert rows["newer"][0] == rows["newer"][1]
+        assert rows["newer"][0] - rows["older"][0] > timedelta(hours=1)
+    finally:
+        with connection.schema_editor() as editor:
+            editor.delete_model(Unscheduled)
+
+
+def test_the_fence_of_no_token_selects_no_row():
+    Document.objects.create(title="any")
+    assert not Document.objects.filter(held_q(opts(), [])).exists()
+    assert not Document.objects.filter(held_q(opts(), [], "default")).exists()
+
+
+def test_the_batch_fence_converts_each_key_as_a_lookup_would():
+    """``held_many_q`` passes its keys as raw parameters: a UUID key must be converted for
+    the database (a 32-digit hex string where there is no native UUID type)."""
+    UUIDTask.objects.bulk_create(UUIDTask() for _ in range(3))
+    held, moved_on, _ = UUIDTask.objects.claim(3, worker="w")
+    UUIDTask.objects.filter(pk=moved_on.pk).update(version=moved_on.version + 1)
+    tokens = {held.pk: held.version, moved_on.pk: moved_on.version}
+    q = held_many_q(get_options(UUIDTask), tokens, "default")
+    assert list(UUIDTask.objects.filter(q).values_list("pk", flat=True)) == [held.pk]
+
+
+@pytest.mark.skipif(
+    settings.DB_VENDOR != "postgresql", reason="the opaque status re-check is PostgreSQL's"
+)
+def test_a_writes_fence_rechecks_the_status_as_an_opaque_parameter():
+    """On a write (``using`` given) the fence's status condition is the re-check no planner
+    takes for a reason to scan a partial index; a read's is the plain condition."""
+    row = Document.objects.create(title="held")
+    Document.objects.filter(pk=row.pk).update(status="processing", version=1)
+    fences = {
+        "held_q": held_q(opts(), [(row.pk, 1)], "default"),
+        "held_many_q": held_many_q(opts(), {row.pk: 1}, "default"),
+    }
+    for name, q in fences.items():
+        with CaptureQueriesContext(connection) as queries:
+            assert Document.objects.filter(q).update(title=name) == 1
+        (sql,) = (q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE"))
+        assert "(SELECT CAST(" in sql, (name, sql)
+    with CaptureQueriesContext(connection) as queries:
+        assert Document.objects.filter(held_q(opts(), [(row.pk, 1)])).count() == 1
+    assert "(SELECT CAST(" not in queries.captured_queries[-1]["sql"]

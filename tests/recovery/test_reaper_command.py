@@ -92,6 +92,7 @@ def test_bad_options_are_one_clear_line(args, message):
         reap(*args)
 
 
+@pytest.mark.slow
 def test_interval_loops_until_sigterm(transactional_db):
     Document.objects.bulk_create([Document(title="x")])
     Document.objects.claim(1, lease=0.05, worker="crashed")

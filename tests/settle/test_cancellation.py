@@ -65,6 +65,7 @@ def snapshot(model, pk):
     )[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "handler",
     [
@@ -117,6 +118,7 @@ def test_an_async_body_gets_cancelled_error_when_its_row_is_cancelled(procs):
     assert not Mark.objects.filter(task_id=doc.pk, kind="end").exists()
 
 
+@pytest.mark.slow
 def test_a_release_by_an_operator_sets_the_flag_too(procs):
     """Any lost claim sets it: here the operator releases the worker's rows. The row
     goes back to ready (the release's doing), never done, never failed by the body."""
@@ -163,6 +165,7 @@ def before_after_unchanged(task) -> bool:
     return snapshot(Document, task.pk) == row
 
 
+@pytest.mark.slow
 def test_cancel_timings_are_reported(procs, record_property):
     """The delay from cancel to the body noticing, five times, on the database clock."""
     w = start(

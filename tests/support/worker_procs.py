@@ -108,6 +108,32 @@ class WorkerProc:
         if self.proc.poll() is None:
             self.wait(10)
 
+    def kill_holding(
+        self, holding: Callable[[], set[Any]], *, timeout: float = 90, what: str = "claims"
+    ) -> set[Any]:
+        """SIGKILL the process group at a moment it holds something, and return what it held.
+
+        Reading what a running worker holds and then killing it races the worker: it may
+        finish every row in between (then nothing is left held), or commit a new claim
+        after the read (then a row is held that the read missed). So: freeze the group
+        (SIGSTOP), read; if it holds nothing, thaw it (SIGCONT) and try again until
+        ``timeout``; else SIGKILL it and read once more after it is gone, returning both
+        reads together (a superset of what it held at its death).
+        """
+
+        def frozen_holding() -> set[Any]:
+            os.killpg(self.pid, signal.SIGSTOP)
+            held = holding()
+            if not held:
+                os.killpg(self.pid, signal.SIGCONT)
+            return held
+
+        held = wait_for(
+            frozen_holding, timeout=timeout, interval=0.05, what=f"the victim holding {what}"
+        )
+        self.kill()
+        return held | holding()
+
     def close(self) -> None:
         self.kill()
         self.out.close()

@@ -1,5 +1,8 @@
 // Run by tests/system/test_admin_layout.py in the page: every problem on it, one line each.
-() => {
+// opts.narrow (a phone's width): a wide table may scroll inside its own box, as Django's
+// admin lays it out there; the page itself may not, and no text may break inside a word.
+(opts) => {
+  const narrow = Boolean(opts && opts.narrow);
   const problems = [];
   const root = document.documentElement;
   if (root.scrollWidth > root.clientWidth + 1)
@@ -9,7 +12,7 @@
     (e.className && typeof e.className === 'string' ? '.' + e.className.trim().split(/\s+/).join('.') : '');
   if (content && content.scrollWidth > content.clientWidth + 1)
     problems.push(`#content overflows: ${content.scrollWidth} > ${content.clientWidth}`);
-  for (const e of (content ? content.querySelectorAll('*') : [])) {
+  for (const e of (content && !narrow ? content.querySelectorAll('*') : [])) {
     if (e.closest('.visually-hidden')) continue;  // clipped to 1 px on purpose
     const ox = getComputedStyle(e).overflowX;
     if (['auto', 'scroll', 'hidden'].includes(ox) && e.clientWidth > 0 &&
@@ -32,6 +35,22 @@
       const words = text.split(/\s+|(?<=[._])/).filter(Boolean).length;
       if (tops.size > words)
         problems.push(`header "${text}" wraps inside a word (${tops.size} lines, ${words} words)`);
+    }
+  }
+  // no link, caption or cell text breaks inside a word (a name wrapping letter by letter
+  // in a squeezed column): no more lines than break opportunities allow
+  for (const e of document.querySelectorAll('#content a, #content caption, #content td, #nav-sidebar a, #content h1, #content h2')) {
+    if (e.closest('.visually-hidden') || e.getClientRects().length === 0) continue;
+    for (const node of e.childNodes) {
+      if (node.nodeType !== Node.TEXT_NODE) continue;
+      const text = node.textContent.trim();
+      if (!text) continue;
+      const range = document.createRange();
+      range.selectNodeContents(node);
+      const tops = new Set([...range.getClientRects()].filter(r => r.width > 0).map(r => Math.round(r.top)));
+      const words = text.split(/\s+|(?<=[._\-:/])/).filter(Boolean).length;
+      if (tops.size > words)
+        problems.push(`"${text.slice(0, 40)}" in ${name(e)} breaks inside a word (${tops.size} lines, ${words} words)`);
     }
   }
   // contrast
@@ -57,6 +76,16 @@
     return 0.2126 * r + 0.7152 * g + 0.0722 * b;
   };
   const ratio = (a, b) => { const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p); return (x + 0.05) / (y + 0.05); };
+  // a colour key (a swatch standing for a chart's series) stands out from where it is drawn:
+  // WCAG's 3:1 for graphics
+  for (const key of document.querySelectorAll('#content .tc-key')) {
+    const own = parse(getComputedStyle(key).backgroundColor);
+    if (!own || own[3] === 0) continue;
+    const behind = backgroundOf(key.parentElement);
+    const value = ratio(over(own, behind), behind);
+    if (value < 3)
+      problems.push(`colour key ${name(key)} contrast ${value.toFixed(2)} < 3 on rgb(${behind.map(Math.round)})`);
+  }
   const checked = [];
   const scope = document.querySelectorAll('#content *, #header a, .breadcrumbs, .breadcrumbs a');
   for (const e of scope) {

@@ -91,6 +91,7 @@ def summary_jobs(out: str) -> int:
     return sum(int(n) for n in re.findall(r"\d+", line))
 
 
+@pytest.mark.slow
 def test_demo_drains_every_document_and_a_second_run_reuses_everything(demo_env):
     out = run_demo(demo_env)
     pg_dir = demo_env["EMBEDDED_PG_DIR"]

@@ -115,6 +115,7 @@ def single(base: str, promql: str) -> float | None:
     return next(iter(found.values())) if len(found) == 1 else None
 
 
+@pytest.mark.slow
 @override_settings(TASKCLAIM_METRICS_TOKEN=TOKEN)
 def test_prometheus_scrapes_the_view_and_answers_a_query_on_a_gauge(prometheus):
     Document.objects.bulk_create(Document(title=f"t{i}") for i in range(5))

@@ -41,6 +41,18 @@ def test_every_bound_is_finite_and_refuses_what_lies_outside(where, bound):
         assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize(("where", "bound"), ALL, ids=[w for w, _ in ALL])
+def test_a_number_within_its_bound_comes_back_as_its_kind(where, bound):
+    """An ``int`` within a whole bound comes back as itself; any number within a bound
+    of fractions as a ``float`` (what every caller stores and compares)."""
+    for value in (bound.low, bound.high, int(bound.high) if bound.high >= 1 else bound.low):
+        got = bounds.number(value, "x", bound)
+        assert got == value
+        assert type(got) is (int if bound.whole else float)
+    if not bound.whole and bound.low <= 1 <= bound.high:
+        assert type(bounds.number(1, "x", bound)) is float
+
+
 def test_parse_accepts_text_and_names_the_fix():
     whole = BY_NAME["batch"].bound
     assert bounds.number("7", "--batch", whole, parse=True) == 7

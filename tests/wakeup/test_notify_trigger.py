@@ -159,6 +159,7 @@ def test_the_post_save_hook_notifies_without_a_trigger(listener):
     assert listener.drain() == [LABEL]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("trigger_mode")
 def test_an_idle_worker_starts_a_row_inserted_by_raw_sql_without_polling():
     worker = WorkerProc(

@@ -33,7 +33,7 @@ MODELS = """\
 from django.db import models
 
 from django_taskclaim.models import ClaimableModel
-from django_taskclaim.model.status import Status
+from django_taskclaim.row.status import Status
 
 
 class Job(ClaimableModel):
@@ -144,6 +144,7 @@ def notifications_of_an_insert() -> list[str]:
     raise AssertionError(f"no sentinel within 30 s; heard {heard}")
 
 
+@pytest.mark.slow
 def test_one_migrate_alters_the_status_column_under_a_notify_trigger(tmp_path):
     project = Project(tmp_path)
     project.status_length(16)

@@ -52,6 +52,7 @@ def most_at_once() -> int:
     return peak
 
 
+@pytest.mark.slow
 def test_an_async_model_is_drained_by_a_worker_with_sync_models_beside_it(procs):
     AsyncDocument.objects.bulk_create(AsyncDocument(payload={"sleep": 0.01}) for _ in range(20))
     Document.objects.bulk_create(Document(title=f"s{i}") for i in range(20))
@@ -67,6 +68,7 @@ def test_an_async_model_is_drained_by_a_worker_with_sync_models_beside_it(procs)
     assert "Traceback" not in w.stderr()
 
 
+@pytest.mark.slow
 def test_async_bodies_overlap_and_never_exceed_the_concurrency(procs):
     AsyncDocument.objects.bulk_create(AsyncDocument(payload={"sleep": 0.5}) for _ in range(16))
     w = start(procs, "asyncapp.AsyncDocument", "--burst", "--concurrency", "4", "--batch", "2")
@@ -87,6 +89,7 @@ def test_an_async_handler_on_a_model_runs_on_the_loop(procs):
     assert (doc.status, doc.result) == ("done", "async handler")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("payload", "error"),
     [({"raise": "boom"}, "boom"), ({"base": "SystemExit"}, "SystemExit")],
@@ -102,6 +105,7 @@ def test_an_async_body_that_raises_is_retried(procs, payload, error):
     assert [m.attempt for m in marks("end")] == [2]
 
 
+@pytest.mark.slow
 def test_sigterm_lets_running_async_bodies_finish_and_releases_the_rest(procs):
     AsyncDocument.objects.bulk_create(AsyncDocument(payload={"sleep": 2}) for _ in range(6))
     w = start(procs, "asyncapp.AsyncDocument", "-c", "3", "--batch", "2", "--grace", "30")
@@ -119,6 +123,7 @@ def test_sigterm_lets_running_async_bodies_finish_and_releases_the_rest(procs):
     assert list(rest.values_list("status", "attempts")) == [("ready", 0)] * 3  # released
 
 
+@pytest.mark.slow
 def test_after_the_grace_period_async_bodies_are_cancelled_and_requeued(procs):
     """Grace over: ``CancelledError`` in each body; one that ends is requeued by its
     executor, one that ignores it is requeued as a sync body would be; exit 3."""

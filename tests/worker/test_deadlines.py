@@ -66,6 +66,7 @@ def done(model, pks) -> bool:
     return model.objects.filter(pk__in=pks, status="done").count() == len(pks)
 
 
+@pytest.mark.slow
 def test_a_sync_body_that_honours_its_flag_fails_with_timeout_error_and_is_retried(procs):
     task = TimedTask.objects.create(payload={"modes": ["honour", "quick"]}, task_timeout=1)
     w = start(procs, "deadlineapp.TimedTask")
@@ -107,6 +108,7 @@ def test_claim_meta_timeout_applies_to_a_model_without_the_field(procs):
     assert w.stop() == 0
 
 
+@pytest.mark.slow
 def test_an_async_body_gets_cancelled_error_and_its_attempt_fails_with_timeout_error(procs):
     task = AsyncTimedTask.objects.create(
         payload={"modes": ["honour", "quick"]}, task_timeout=timedelta(seconds=1)
@@ -124,6 +126,7 @@ def test_an_async_body_gets_cancelled_error_and_its_attempt_fails_with_timeout_e
     assert w.stop() == 0
 
 
+@pytest.mark.slow
 def test_a_body_ignoring_its_flag_under_processes_gets_its_child_replaced(procs):
     """The stuck row's attempt fails with TimeoutError; the child's other rows (running
     beside it, or waiting) go back without losing an attempt; nothing is lost and no row
@@ -159,6 +162,7 @@ def test_a_body_ignoring_its_flag_under_processes_gets_its_child_replaced(procs)
     assert "Traceback" not in sup.stderr()
 
 
+@pytest.mark.slow
 def test_a_body_ignoring_its_flag_without_processes_is_logged_and_never_rerun_early(procs):
     """Threads only: the body runs on past its deadline and grace; every heartbeat logs it
     and renews its lease, so a rival worker that reaps never runs it meanwhile. Once it
@@ -206,6 +210,7 @@ def kinds(task) -> list[str]:
     return list(Trace.objects.filter(task=name).order_by("at", "pk").values_list("kind", flat=True))
 
 
+@pytest.mark.slow
 def test_a_body_stalling_its_process_under_processes_is_killed_before_its_lease_lapses(
     procs, tmp_path
 ):
@@ -240,6 +245,7 @@ def test_a_body_stalling_its_process_under_processes_is_killed_before_its_lease_
     assert "Traceback" not in sup.stderr()
 
 
+@pytest.mark.slow
 def test_a_stopped_child_under_processes_is_killed_before_its_lease_lapses(procs, tmp_path):
     """The same with ``SIGSTOP``: the child running a body is stopped (every thread, the
     heartbeat too); the supervisor kills it before its 4 s lease can lapse, and the row
@@ -267,6 +273,7 @@ def test_a_stopped_child_under_processes_is_killed_before_its_lease_lapses(procs
     assert rival.stop() == 0
 
 
+@pytest.mark.slow
 def test_a_body_stalling_its_process_without_processes_writes_nothing_over_the_new_holder(
     procs, tmp_path
 ):

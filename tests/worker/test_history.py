@@ -83,6 +83,7 @@ def test_a_worker_with_queues_writes_one_row_per_queue(procs):
 LONG_QUEUE = "q" * 300  # longer than the history's queue column (255)
 
 
+@pytest.mark.slow
 def test_a_queue_name_longer_than_the_history_column_loses_no_counts(procs):
     """One row whose queue name the history's column cannot hold: every completion of
     the worker is still counted, that queue's under its cut name (the same on write and
@@ -252,7 +253,8 @@ def test_a_large_table_shows_estimates_for_finished_states(admin_client, setting
     finally:
         figures.EXACT_UP_TO = old
     assert stats.counts["ready"] == 10  # exact: its index
-    assert sorted(stats.estimated) == ["cancelled", "done", "failed"]
+    # waiting rows too: no index serves them (docs/workflows.md, "What is not there yet")
+    assert sorted(stats.estimated) == ["cancelled", "done", "failed", "waiting"]
     assert stats.counts["done"] == pytest.approx(20, abs=2)
     assert figures.model_stats(Document).counts["done"] == 20  # without fast: exact
     assert history_sql(connection) is not None

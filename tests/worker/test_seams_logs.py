@@ -38,6 +38,7 @@ def test_a_failed_attempt_that_will_be_retried_says_so():
 LOST_WHILE_RUNNING = "claim lost while running"
 
 
+@pytest.mark.slow
 def test_a_plain_drain_logs_no_lost_claim():
     """``-p 2 -c 4 --batch 50``, no reaper, no operator, no other worker: every row is
     done at its first attempt and the log never says a claim was lost. A slow
@@ -68,6 +69,7 @@ def test_a_plain_drain_logs_no_lost_claim():
     assert "claim lost" not in err, err[-3000:]
 
 
+@pytest.mark.slow
 def test_a_claim_reaped_by_another_process_is_still_reported_lost():
     """The same worker whose row was really taken: frozen (SIGSTOP) past its lease, the
     row reaped by the ``reaper`` command; woken up, it logs the claim lost while its

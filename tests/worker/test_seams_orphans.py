@@ -94,6 +94,7 @@ def test_killing_the_supervisor_ends_its_children_and_frees_their_rows_at_once(p
     assert "Traceback" not in sup.stderr()
 
 
+@pytest.mark.slow
 def test_a_child_restarted_after_its_death_registers_without_a_duplicate_id_warning(procs):
     sup = WorkerProc("testapp.Document", "--processes", "1", "--worker-id", "again")
     procs.append(sup)

@@ -10,6 +10,7 @@ column renamed for the test and renamed back), a database name that does not exi
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from django.db import OperationalError, connection
 from django_taskclaim.models import WorkerProcess
 from django_taskclaim.ops.doctor import diagnose
 from django_taskclaim.worker.exits import EXIT_CONFIG, EXIT_UNAVAILABLE
-from django_taskclaim.worker.preflight import BURST_WAIT, schema_problems
+from django_taskclaim.worker.preflight import schema_problems
 from django_taskclaim.worker.service import WARN_EVERY, Outage
 from tests.support.helpers import ROOT, wait_for
 from tests.support.testapp.models import CharKeyTask, Document
@@ -30,6 +31,10 @@ from tests.support.worker_procs import WorkerProc, run_command, stop_all
 pytestmark = pytest.mark.django_db(transaction=True)
 
 MODEL = "testapp.CharKeyTask"
+#: How long the --burst workers here retry a failing database (TASKCLAIM_BURST_GIVE_UP;
+#: 30 s by default): short, so that giving up is seen in seconds.
+BURST_WAIT = 3.0
+GIVE_UP = {"TASKCLAIM_BURST_GIVE_UP": BURST_WAIT}
 
 
 @pytest.fixture
@@ -118,7 +123,10 @@ def test_a_burst_on_a_database_that_does_not_exist_gives_up_within_its_bound(tra
         MODEL,
         "--burst",
         timeout=BURST_WAIT + 60,
-        env={"TASKCLAIM_TEST_DB_NAME": missing_database()},
+        env={
+            "TASKCLAIM_TEST_DB_NAME": missing_database(),
+            "TASKCLAIM_T_SETTINGS": json.dumps(GIVE_UP),
+        },
     )
     took = time.monotonic() - started
     assert done.returncode == EXIT_UNAVAILABLE, done.stderr[-3000:]
@@ -140,7 +148,10 @@ def test_a_database_that_does_not_exist_stops_the_worker_with_one_line(transacti
         MODEL,
         *args,
         timeout=60,
-        env={"TASKCLAIM_TEST_DB_NAME": missing_database()},
+        env={
+            "TASKCLAIM_TEST_DB_NAME": missing_database(),
+            "TASKCLAIM_T_SETTINGS": json.dumps(GIVE_UP),
+        },
     )
     assert done.returncode == 1, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
@@ -150,6 +161,7 @@ def test_a_database_that_does_not_exist_stops_the_worker_with_one_line(transacti
     assert "migrate" in lines[0]
 
 
+@pytest.mark.slow
 def test_a_burst_whose_claims_keep_failing_gives_up_after_its_bound(transactional_db):
     """A schema broken after the start (the preflight passed): every claim fails; a
     --burst worker that still has work to wait for gives up instead of retrying forever."""
@@ -158,7 +170,7 @@ def test_a_burst_whose_claims_keep_failing_gives_up_after_its_bound(transactiona
     assert CharKeyTask.objects.claim(1, lease=3600, worker="elsewhere")
     procs: list[WorkerProc] = []
     try:
-        w = WorkerProc(MODEL, "--burst", "--until-empty", "--poll", "0.2")
+        w = WorkerProc(MODEL, "--burst", "--until-empty", "--poll", "0.2", settings=GIVE_UP)
         procs.append(w)
         wait_for(
             lambda: WorkerProcess.objects.filter(pid=w.pid).exists() or not w.alive(),
@@ -175,6 +187,7 @@ def test_a_burst_whose_claims_keep_failing_gives_up_after_its_bound(transactiona
             with connection.schema_editor() as editor:
                 editor.alter_db_table(CharKeyTask, f"{table}_gone", table)
         assert "giving up" in w.stderr()
+        assert f"failing for {BURST_WAIT:g}s" in w.stderr()
         assert "Traceback" not in w.stderr()
     finally:
         stop_all(procs)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.helpers import ROOT, child_env
 
 
+@pytest.mark.slow
 def test_a_stop_that_comes_as_a_child_is_restarted_reaches_every_child(tmp_path):
     """SIGTERM just as the supervisor restarts a child that died: the supervisor forks no
     child the stop would not reach, and stops cleanly. (It used to fork one anyway, never

@@ -44,6 +44,7 @@ def effects(pk: int) -> list[Ledger]:
     return list(Ledger.objects.filter(task_id=pk).exclude(worker__startswith=ATTEMPT))
 
 
+@pytest.mark.slow
 def test_burst_drains_and_exits_zero(procs):
     Document.objects.bulk_create([Document(title=f"b{i}") for i in range(40)])
     w = start(procs, "testapp.Document", "--burst", "--concurrency", "2", "--batch", "5")
@@ -58,6 +59,7 @@ def test_burst_drains_and_exits_zero(procs):
     assert row.in_flight == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     settings.DB_VENDOR != "postgresql",
     reason="finished_at is the UPDATE's statement timestamp only on PostgreSQL",
@@ -105,6 +107,7 @@ def start_quiet_until_started(procs, slow, *args) -> WorkerProc:
     return w
 
 
+@pytest.mark.slow
 def test_buffered_completions_are_written_before_a_graceful_exit(procs):
     """Completions held in the ack window are flushed when the worker stops on SIGTERM."""
     quick = Document.objects.bulk_create([Document(title=f"q{i}") for i in range(10)])
@@ -133,6 +136,7 @@ def test_ack_window_bounds_the_wait_even_while_a_long_task_runs(procs):
     assert Document.objects.processing().filter(pk=slow.pk).exists()
 
 
+@pytest.mark.slow
 def test_max_tasks_stops_after_that_many(procs):
     Document.objects.bulk_create([Document(title=f"m{i}") for i in range(12)])
     w = start(procs, "testapp.Document", "--max-tasks", "5", "--batch", "3", "--concurrency", "2")
@@ -141,6 +145,7 @@ def test_max_tasks_stops_after_that_many(procs):
     assert Document.objects.ready().count() == 7
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_running_and_releases_unstarted_at_once(procs):
     Document.objects.bulk_create([Document(title=f"t{i}", payload={"sleep": 4}) for i in range(6)])
     w = start(
@@ -200,6 +205,7 @@ def test_second_signal_exits_at_once(procs):
     assert "Traceback" not in w.stderr()
 
 
+@pytest.mark.slow
 def test_long_tasks_complete_once_thanks_to_heartbeats(procs):
     lease = 1.5
     docs = Document.objects.bulk_create(
@@ -235,6 +241,7 @@ def test_long_tasks_complete_once_thanks_to_heartbeats(procs):
     assert "claim lost" not in a.stderr()
 
 
+@pytest.mark.slow
 def test_zombie_worker_writes_nothing_after_its_claim_is_taken(procs):
     lease = 1.0
     doc = Document.objects.create(title="z", payload={"sleep": 2, "ledger": True})
@@ -283,6 +290,7 @@ def test_zombie_worker_writes_nothing_after_its_claim_is_taken(procs):
     assert [e.worker for e in effects(doc.pk)] == ["rescuer"]
 
 
+@pytest.mark.slow
 def test_poison_task_fails_after_max_attempts_while_others_flow(procs):
     poison = Document.objects.create(title="poison", payload={"kill": True})
     Document.objects.bulk_create([Document(title=f"ok{i}") for i in range(30)])
@@ -354,6 +362,7 @@ def test_supervisor_forwards_sigterm(procs):
     assert WorkerProcess.objects.filter(stopped_at__isnull=True).count() == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc for CPU times")
 def test_idle_worker_uses_next_to_no_cpu(procs):
     w = start(procs, "testapp.Document", "--concurrency", "4")
@@ -397,6 +406,7 @@ def test_listen_notify_wakes_an_idle_worker_at_once(procs):
     assert latencies[2] < 2.0
 
 
+@pytest.mark.slow
 def test_claimed_but_unstarted_rows_are_heartbeated_too(procs):
     lease = 1.0
     docs = Document.objects.bulk_create(
@@ -416,6 +426,7 @@ def test_claimed_but_unstarted_rows_are_heartbeated_too(procs):
     assert attempts_started() == 4
 
 
+@pytest.mark.slow
 def test_row_taken_back_before_it_started_is_skipped(procs):
     first = Document.objects.create(title="long", payload={"sleep": 3})
     taken = Document.objects.create(title="taken")
@@ -434,6 +445,7 @@ def test_row_taken_back_before_it_started_is_skipped(procs):
     assert len(effects(first.pk)) == 1
 
 
+@pytest.mark.slow
 def test_burst_says_what_is_left_and_until_empty_waits_for_scheduled_retries(procs):
     """--burst exits once nothing is claimable *now* and says what is left (a retry
     scheduled ahead); --burst --until-empty also waits for it."""

@@ -6,6 +6,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from django_taskclaim.models import Lease, WorkerProcess
+from tests.support.markers import ONCE_ON_SQLITE
 from tests.support.testapp.models import Document
 from tests.support.worker_procs import WorkerProc, run_command
 
@@ -104,6 +105,7 @@ def test_reap_refuses_bad_input(docs, args, message):
         ("reaper", ["testapp.Ledger"]),
     ],
 )
+@ONCE_ON_SQLITE
 def test_command_line_error_is_one_line_and_non_zero(docs, command, args):
     done = run_command(command, *args)
     assert done.returncode == 1
@@ -114,6 +116,8 @@ def test_command_line_error_is_one_line_and_non_zero(docs, command, args):
     assert snapshot() == docs
 
 
+@pytest.mark.slow
+@ONCE_ON_SQLITE
 @pytest.mark.parametrize("command", ["worker", "taskclaim_worker"])
 def test_a_mistyped_option_names_the_one_it_meant(docs, command):
     done = run_command(command, "--concurency", "3", "--poll=1")

@@ -5,7 +5,8 @@ stores each enqueued Task as a :class:`~django_taskclaim.contrib.tasks.models.Qu
 row; ``manage.py worker taskclaim_tasks.QueuedTask`` runs them. What a row stores
 of the call (its JSON arguments, its unique key) is worked out in :mod:`.arguments`; what
 it checks of its options and of each task's priority and ``run_after``, in
-:mod:`.validation`.
+:mod:`.validation`; what is wrong with its ``TASKS`` entry as a whole, and its system
+check, in :mod:`.backend_options`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.apps import apps
-from django.core import checks
 from django.db import DatabaseError, router
 from django.tasks import Task, TaskResult
 from django.tasks.backends.base import BaseTaskBackend
@@ -29,14 +29,18 @@ from django.tasks.signals import task_enqueued
 
 from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.contrib.tasks.arguments import check_key, encode_arguments, unique_key_for
+from django_taskclaim.contrib.tasks.backend_options import (
+    APP,
+    backend_errors,
+    retry_settings,
+    setting_problems,
+)
 from django_taskclaim.contrib.tasks.results import to_result
 from django_taskclaim.contrib.tasks.validation import (
-    OPTION_NAMES,
     check_priority,
     check_run_after,
     copy_task,
     max_attempts_value,
-    number_option,
 )
 from django_taskclaim.db import DbNow, retry_transient
 from django_taskclaim.model.unique_insert import insert_unique
@@ -45,8 +49,6 @@ if TYPE_CHECKING:
     from django_taskclaim.contrib.tasks.models import QueuedTask
 
 logger = logging.getLogger("django_taskclaim.tasks")
-
-APP = "django_taskclaim.contrib.tasks"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,43 +108,9 @@ class TaskClaimBackend(BaseTaskBackend):
         #: than raised here: Django's check of ``TASKS`` builds every backend, and an
         #: exception here would end it in a traceback instead of the check's message.
         #: Using the backend (enqueue, validation, results) raises the first of them.
-        self.problems: list[str] = self._setting_problems()
-
-    def _setting_problems(self) -> list[str]:
-        """Each problem of ``OPTIONS``, ``QUEUES`` and the alias, as one line."""
-        from django_taskclaim.contrib.tasks.models import (
-            NAME_MAX_LENGTH,  # deferred: models need the app registry
+        self.problems: list[str] = setting_problems(
+            alias, self.options, self.queues, type(self).__name__
         )
-
-        alias = self.alias
-        problems: list[str] = []
-        unknown = sorted(set(self.options) - set(OPTION_NAMES))
-        if unknown:
-            problems.append(
-                f"TASKS[{alias!r}]['OPTIONS'] has unknown key(s) {', '.join(unknown)}; "
-                f"{type(self).__name__} accepts {', '.join(sorted(OPTION_NAMES))}"
-            )
-        if len(alias) > NAME_MAX_LENGTH:
-            problems.append(f"backend alias {alias!r} is longer than {NAME_MAX_LENGTH} characters")
-        for name in sorted(self.queues, key=repr):
-            if not isinstance(name, str) or not name or len(name) > NAME_MAX_LENGTH:
-                problems.append(
-                    f"TASKS[{alias!r}]['QUEUES'] entry {name!r} must be a non-empty string of "
-                    f"at most {NAME_MAX_LENGTH} characters"
-                )
-        try:
-            if "max_attempts" in self.options:
-                max_attempts_value(self.options["max_attempts"], f"TASKS[{alias!r}] max_attempts")
-        except InvalidTaskBackend as exc:
-            problems.append(str(exc))
-        try:
-            self.retry_settings()  # the retry options now, not at the first failure
-        except InvalidTaskBackend as exc:
-            problems.append(str(exc))
-        database = self.options.get("database")
-        if database is not None and not isinstance(database, str):
-            problems.append(f"TASKS[{alias!r}] database must be an alias string")
-        return problems
 
     def refuse_if_misconfigured(self) -> None:
         """Raise ``InvalidTaskBackend`` with the first of :attr:`problems`, if any: a
@@ -178,24 +146,7 @@ class TaskClaimBackend(BaseTaskBackend):
 
     def retry_settings(self) -> tuple[float, float, float]:
         """``(backoff, backoff_max, jitter)`` from ``OPTIONS`` or the ``TASKCLAIM_*`` settings."""
-        where = f"TASKS[{self.alias!r}]"
-        base = number_option(
-            self.options.get("retry_backoff", taskclaim_settings.RETRY_BACKOFF),
-            f"{where} retry_backoff",
-            low=0,
-        )
-        cap = number_option(
-            self.options.get("retry_backoff_max", taskclaim_settings.RETRY_BACKOFF_MAX),
-            f"{where} retry_backoff_max",
-            low=0,
-        )
-        jitter = number_option(
-            self.options.get("retry_jitter", taskclaim_settings.RETRY_JITTER),
-            f"{where} retry_jitter",
-            low=0,
-            high=1,
-        )
-        return base, cap, jitter
+        return retry_settings(self.alias, self.options)
 
     # -- validation -----------------------------------------------------------------
     def validate_task(self, task: Task) -> None:
@@ -385,23 +336,4 @@ class TaskClaimBackend(BaseTaskBackend):
         """System check (Django's check of ``TASKS`` calls it): the sub-app must be
         installed (``taskclaim_tasks.E001``) and ``OPTIONS`` / ``QUEUES`` valid
         (``taskclaim_tasks.E002``, one error per :attr:`problems` line)."""
-        errors = []
-        if not apps.is_installed(APP):
-            errors.append(
-                checks.Error(
-                    f"TASKS[{self.alias!r}] uses {type(self).__name__} but {APP!r} is not "
-                    "in INSTALLED_APPS.",
-                    hint=f"Add {APP!r} to INSTALLED_APPS and run migrate.",
-                    id="taskclaim_tasks.E001",
-                )
-            )
-        errors += [
-            checks.Error(
-                problem,
-                hint=f"Fix TASKS[{self.alias!r}] in your settings; docs/tasks-backend.md lists "
-                "its options.",
-                id="taskclaim_tasks.E002",
-            )
-            for problem in self.problems
-        ]
-        return errors
+        return backend_errors(self.alias, type(self).__name__, self.problems)

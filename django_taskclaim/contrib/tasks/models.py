@@ -17,8 +17,8 @@ from django.utils.translation import gettext_lazy as _
 from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.model.indexes import claim_indexes
 from django_taskclaim.model.mixins import ClaimableModel
-from django_taskclaim.model.status import Status
 from django_taskclaim.model.unique import ActiveKeyField, SparseUniqueConstraint
+from django_taskclaim.row.status import Status
 
 #: Highest ``max_attempts`` a task may have. It is also the model-level budget the
 #: reaper applies, so that each row's own ``max_attempts`` (checked when the row is

@@ -10,8 +10,8 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django_taskclaim.config import bounds
 from django_taskclaim.config.discovery import resolve_model
 from django_taskclaim.exceptions import ConfigurationError
-from django_taskclaim.model.status import TERMINAL_STATES
 from django_taskclaim.recovery.prune import parse_age, prune_models
+from django_taskclaim.row.status import TERMINAL_STATES
 
 
 class Command(BaseCommand):

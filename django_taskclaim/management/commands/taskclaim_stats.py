@@ -13,7 +13,7 @@ from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.flow.pause import report
 from django_taskclaim.flow.rate_view import rate_view
 from django_taskclaim.ops.figures import format_snapshot, snapshot
-from django_taskclaim.ops.reported import reported_models
+from django_taskclaim.periodic.reported import reported_models
 
 
 class Command(BaseCommand):

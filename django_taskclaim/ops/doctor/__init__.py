@@ -40,7 +40,7 @@ from django_taskclaim.ops.doctor.findings import (
     format_findings,
     guarded,
 )
-from django_taskclaim.ops.reported import reported_models
+from django_taskclaim.periodic.reported import reported_models
 
 __all__ = [
     "SEVERITIES",
@@ -60,7 +60,7 @@ def diagnose(
     limits: Thresholds | None = None,
 ) -> list[Finding]:
     """Check ``models`` (default: every claimable model but an unused ``PeriodicRun``,
-    :func:`~django_taskclaim.ops.reported.reported_models`) on the database ``using``
+    :func:`~django_taskclaim.periodic.reported.reported_models`) on the database ``using``
     (default: each model's database for writes, as the reaper uses) and return every
     finding, ``ok`` ones included, in a stable order: per database, then per model.
 

@@ -149,7 +149,7 @@ def check_index(ctx: ModelContext, kind: IndexKind) -> list[Finding]:
     """``TC-D010`` / ``TC-D012``: the claim / lease index is in the database, or another
     index that leads with the same column; ``TC-D011`` / ``TC-D013``: the claim / reap
     query reads it (judged from ``limits.plan_min_rows`` rows)."""
-    alias, label, limits = ctx.alias, ctx.label, ctx.limits
+    alias, label = ctx.alias, ctx.label
     partial = bool(ctx.conn.features.supports_partial_indexes)
     declared = kind.declared(ctx.model, ctx.opts.status_field)
     indexes = database_indexes(ctx)
@@ -163,7 +163,6 @@ def check_index(ctx: ModelContext, kind: IndexKind) -> list[Finding]:
     plan = read_plan(ctx, kind.query(ctx)) if ctx.sql.explains_plans else None
     summary = ctx.sql.plan_summary(plan) if plan is not None else "not read on this database"
     total = ctx.stats.total
-    fix_tail = f" to {label}'s Meta.indexes, then python manage.py makemigrations and migrate"
     if declared is not None and declared.name in indexes and not unfiltered:
         serving = declared.name
         found = Finding(
@@ -179,50 +178,74 @@ def check_index(ctx: ModelContext, kind: IndexKind) -> list[Finding]:
             label,
             detail=f"its columns: {', '.join(indexes[serving])}",
         )
-    elif declared is None:
+    else:
+        in_database = declared is not None and declared.name in indexes
         return [
-            Finding(
-                kind.index_id,
-                "warning",
-                alias,
-                f"no index serves the {kind.name} query",
-                label,
-                detail=f"{total} rows; plan: {summary}",
-                fix=f"Add {kind.suggestion(ctx, partial)}{fix_tail} (or inherit "
-                "ClaimableModel.Meta, or use django_taskclaim.models.claim_indexes(...)).",
-            )
-        ]
-    elif declared.name not in indexes:
-        big = total >= limits.plan_min_rows
-        app = ctx.model._meta.app_label
-        return [
-            Finding(
-                kind.index_id,
-                "error" if big else "warning",
-                alias,
-                f"the {kind.name} index {declared.name} is declared but not in the database",
-                label,
-                detail=f"{total} rows (an error from {limits.plan_min_rows}); plan: {summary}",
-                fix=f"python manage.py migrate {app}; if every migration is applied, the index "
-                f"was dropped outside them: python manage.py sqlmigrate {app} <migration> "
-                "prints the statement that creates it.",
-            )
-        ]
-    else:  # declared, in the database, without its condition
-        return [
-            Finding(
-                kind.index_id,
-                "warning",
-                alias,
-                f"{ctx.conn.display_name} has no partial indexes: {declared.name} holds every "
-                "row, finished ones too",
-                label,
-                detail="claims walk the index in claim order past every finished row before "
-                f"they find a ready one; {total} rows; plan: {summary}",
-                fix=f"Add {kind.suggestion(ctx, False)}{fix_tail}.",
+            _index_missing(
+                ctx,
+                kind,
+                declared,
+                in_database=in_database,
+                partial=partial,
+                summary=summary,
+                total=total,
             )
         ]
     return [found, _plan_finding(ctx, kind, serving, plan, summary)]
+
+
+def _index_missing(
+    ctx: ModelContext,
+    kind: IndexKind,
+    declared: Any | None,
+    *,
+    in_database: bool,
+    partial: bool,
+    summary: str,
+    total: int,
+) -> Finding:
+    """``TC-D010`` / ``TC-D012`` where no index in the database serves the query: none is
+    declared, the declared one is not in the database, or it is there without its
+    condition (a database without partial indexes)."""
+    alias, label, limits = ctx.alias, ctx.label, ctx.limits
+    fix_tail = f" to {label}'s Meta.indexes, then python manage.py makemigrations and migrate"
+    if declared is None:
+        return Finding(
+            kind.index_id,
+            "warning",
+            alias,
+            f"no index serves the {kind.name} query",
+            label,
+            detail=f"{total} rows; plan: {summary}",
+            fix=f"Add {kind.suggestion(ctx, partial)}{fix_tail} (or inherit "
+            "ClaimableModel.Meta, or use django_taskclaim.models.claim_indexes(...)).",
+        )
+    if not in_database:
+        big = total >= limits.plan_min_rows
+        app = ctx.model._meta.app_label
+        return Finding(
+            kind.index_id,
+            "error" if big else "warning",
+            alias,
+            f"the {kind.name} index {declared.name} is declared but not in the database",
+            label,
+            detail=f"{total} rows (an error from {limits.plan_min_rows}); plan: {summary}",
+            fix=f"python manage.py migrate {app}; if every migration is applied, the index "
+            f"was dropped outside them: python manage.py sqlmigrate {app} <migration> "
+            "prints the statement that creates it.",
+        )
+    # declared, in the database, without its condition
+    return Finding(
+        kind.index_id,
+        "warning",
+        alias,
+        f"{ctx.conn.display_name} has no partial indexes: {declared.name} holds every "
+        "row, finished ones too",
+        label,
+        detail="claims walk the index in claim order past every finished row before "
+        f"they find a ready one; {total} rows; plan: {summary}",
+        fix=f"Add {kind.suggestion(ctx, False)}{fix_tail}.",
+    )
 
 
 def _plan_finding(

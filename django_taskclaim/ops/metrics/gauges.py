@@ -150,12 +150,12 @@ def collect(
     targets: Iterable[type[models.Model]] | None = None, *, using: str | None = None
 ) -> Gauges:
     """The gauges of ``targets`` (default: every claimable model but an unused
-    ``PeriodicRun``, :func:`~django_taskclaim.ops.reported.reported_models`), the paused queues and
-    the workers, read from ``using`` (default: each model's read database; the clock,
-    pauses and workers from the ``WorkerProcess`` table's). Every age against the
-    database clock."""
+    ``PeriodicRun``, :func:`~django_taskclaim.periodic.reported.reported_models`), the
+    paused queues and the workers, read from ``using`` (default: each model's read database;
+    the clock, pauses and workers from the ``WorkerProcess`` table's). Every age against
+    the database clock."""
     from django_taskclaim.models import QueuePause, WorkerProcess  # the app registry first
-    from django_taskclaim.ops.reported import reported_models
+    from django_taskclaim.periodic.reported import reported_models
 
     chosen = sorted(
         targets if targets is not None else reported_models(using), key=lambda m: m._meta.label

@@ -25,7 +25,9 @@ records each renewed lease's time and tells the supervisor the earliest after ev
 loop (:mod:`..leasewatch`): a process whose heartbeat falls silent (a body holding the
 GIL) is killed by its supervisor before any of its leases can lapse.
 After each beat or registry touch it adds the finished attempts counted since to the
-per-minute history (:mod:`..history`: one upsert, after the leases are renewed).
+per-minute history (:mod:`..history`: one upsert, after the leases are renewed), and
+gives the queue depth sampler its turn (:mod:`.depth`: about once a minute, one lease
+statement per model, a sample where it wins).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from django_taskclaim.settle.outcome import cancel_flag
 from django_taskclaim.telemetry import instruments
 from django_taskclaim.worker.leasewatch import LeaseReport, lease_until
 from django_taskclaim.worker.ledger import Ledger
+from django_taskclaim.worker.maintenance.depth import DepthSampler
 from django_taskclaim.worker.maintenance.registry import REGISTRY_INTERVAL, Registry
 from django_taskclaim.worker.service import Service
 
@@ -65,6 +68,7 @@ class Heartbeat(Service):
         on_lost: Callable[[Any], None] | None = None,
         on_beat: Callable[[], None] | None = None,
         lease_report: LeaseReport | None = None,
+        depth: DepthSampler | None = None,
     ) -> None:
         super().__init__(
             "taskclaim-heartbeat",
@@ -84,6 +88,8 @@ class Heartbeat(Service):
         self.telemetry = instruments()  # None without OpenTelemetry: nothing measured
         #: Under ``--processes``: the lease times kept on the supervisor's pipe.
         self.lease_report = lease_report
+        #: The queue depth samples this process may take (``None``: none).
+        self.depth = depth
 
     def loop(self) -> None:
         """Beat every ``interval``, touch the registry in between; never dies: an error
@@ -115,6 +121,8 @@ class Heartbeat(Service):
                 next_beat = time.monotonic() + min(interval, self.retry_delay())
                 next_touch = next_beat
             self.ledger.history.flush(self.using)  # the charts' counts; never raises
+            if self.depth is not None:
+                self.depth.tick()  # the depth chart's samples; never raises
             self.stop_lapsing()
             if self.lease_report is not None:  # after a beat, and while none can run
                 self.lease_report.refresh()

@@ -2,6 +2,11 @@
 worker, refreshed by the heartbeat thread (:mod:`.heartbeat`, its only caller while the
 worker runs), for operators (admin, stats). Not a thread itself.
 
+Each refresh also lists the bodies running then (model, primary key, seconds running),
+and finds a graceful stop an operator asked for (:func:`request_stop`, the admin's
+"Stop" action): the refresh's UPDATE skips a row with a stop request, so the usual
+refresh is still one statement, and only a worker asked to stop reads its row.
+
 Display only: silence in the registry is never proof of death, and no row is taken from
 a silent worker before its lease ends (NO EARLY RE-RUN).
 """
@@ -11,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.db import DatabaseError, router
@@ -77,6 +82,32 @@ def mark_stopped(worker_id: str, pid: int) -> int:
         return 0
 
 
+def request_stop(worker_ids: Iterable[str], by: str, *, using: str | None = None) -> int:
+    """Ask the live workers ``worker_ids`` to stop gracefully: each claims nothing more,
+    finishes the bodies it runs (within its ``--grace``), gives back what it had not
+    started, and exits 0 (a supervised one is not replaced). A worker sees the request at
+    its next registry refresh (every ``min(heartbeat, 10 s)``), on whichever host it runs.
+    ``by`` names who asked (stored and logged). Workers already stopped or already asked
+    are left alone. Return how many were asked."""
+    model = worker_model()
+    db = using or router.db_for_write(model)
+    return int(
+        model._default_manager.using(db)
+        .filter(worker_id__in=list(worker_ids), stopped_at__isnull=True)
+        .filter(stop_requested_at__isnull=True)
+        .update(stop_requested_at=DbNow(), stop_requested_by=by[:150])
+    )
+
+
+def _running_rows(running: list[tuple[Any, float]], shown: int) -> list[dict[str, Any]]:
+    """The registry's list of running bodies: the longest running first."""
+    ordered = sorted(running, key=lambda pair: -pair[1])[:shown]
+    return [
+        {"model": type(task)._meta.label, "pk": str(task.pk), "age": round(age, 1)}
+        for task, age in ordered
+    ]
+
+
 def _was_this_process_or_dead(hostname: str, pid: int | None) -> bool:
     """Whether a registry row of this host names this process, or a process that no
     longer runs here."""
@@ -104,6 +135,11 @@ class Registry:
         self.ledger = ledger
         self.db = router.db_for_write(worker_model())
         self.ok = True
+        #: The bodies running now, as (row, seconds running); set by the worker.
+        self.running: Callable[[], list[tuple[Any, float]]] = list
+        #: Called once with who asked, when an operator's stop request is found.
+        self.on_stop_request: Callable[[str], None] = lambda by: None
+        self._stop_seen = False
 
     def _rows(self) -> Any:
         return worker_model()._default_manager.using(self.db).filter(worker_id=self.worker_id)
@@ -122,6 +158,10 @@ class Registry:
             "in_flight": 0,
             "processed": processed,
             "stopped_at": None,
+            "running": [],
+            # A request was for the process that ran under this id before: not this one.
+            "stop_requested_at": None,
+            "stop_requested_by": "",
         }
         try:
             qs = self._rows()
@@ -148,15 +188,35 @@ class Registry:
             )
 
     def touch(self) -> None:
-        """Refresh ``last_seen`` and the counts (re-registers if the row is gone)."""
+        """Refresh ``last_seen``, the counts and the running bodies (re-registers if the
+        row is gone); an operator's stop request found calls :attr:`on_stop_request`."""
         if not self.ok:
             return
+        from django_taskclaim.models import RUNNING_SHOWN
+
         in_flight, processed = self.ledger.counts()
-        found = self._rows().update(
-            last_seen=DbNow(), in_flight=in_flight, processed=processed, stopped_at=None
+        fields = {
+            "last_seen": DbNow(),
+            "in_flight": in_flight,
+            "processed": processed,
+            "stopped_at": None,
+            "running": _running_rows(self.running(), RUNNING_SHOWN),
+        }
+        rows = self._rows()
+        if rows.filter(stop_requested_at__isnull=True).update(**fields):
+            return
+        # Not registered yet (outage at start), the row deleted, or asked to stop.
+        asked = rows.filter(stop_requested_at__isnull=False).values_list(
+            "stop_requested_by", flat=True
         )
-        if not found:  # not registered yet (outage at start) or the row was deleted
+        by = next(iter(asked), None)
+        if by is None:
             self.register()
+            return
+        rows.update(**fields)
+        if not self._stop_seen:
+            self._stop_seen = True
+            self.on_stop_request(by or "?")
 
     def deregister(self) -> None:
         """Mark the row stopped (best effort)."""

@@ -37,6 +37,7 @@ def _lab_rows_left() -> dict[str, int]:
     return {label: n for label, n in counts.items() if n}
 
 
+@pytest.mark.slow
 @lab_db
 def test_safe_techniques_never_double_claim(vendor):
     lab = RaceLab(processes=3, rows=150, batch=2, timeout=90)
@@ -59,6 +60,7 @@ def test_safe_techniques_never_double_claim(vendor):
     assert _lab_rows_left() == {}
 
 
+@pytest.mark.slow
 @lab_db
 def test_broken_recipes_double_claim_on_postgresql(vendor):
     # A 2 ms pause between the recipe's read and its write stands for application code;
@@ -221,6 +223,7 @@ IMPORT_EVERYTHING = """
 """
 
 
+@pytest.mark.slow
 def test_the_library_works_without_the_lab_app(tmp_path):
     (tmp_path / "without_lab.py").write_text(textwrap.dedent(WITHOUT_LAB_SETTINGS))
     env = dict(os.environ)

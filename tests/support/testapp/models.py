@@ -11,7 +11,6 @@ from django.db import models
 
 from django_taskclaim.db import DbNow
 from django_taskclaim.exceptions import Fail, Retry
-from django_taskclaim.model.status import Status
 from django_taskclaim.models import (
     ClaimableMixin,
     ClaimableModel,
@@ -19,6 +18,7 @@ from django_taskclaim.models import (
     ErrorFieldMixin,
     claim_indexes,
 )
+from django_taskclaim.row.status import Status
 
 
 class Document(ClaimableModel):
@@ -142,6 +142,7 @@ class ColumnTask(ClaimableMixin, models.Model):
     run_after = models.DateTimeField(null=True, blank=True, db_column="not_before")
     priority = models.SmallIntegerField(default=0, db_default=0, db_column="prio")
     created_at = models.DateTimeField(db_default=DbNow(), editable=False, db_column="enqueued")
+    claimed_at = models.DateTimeField(null=True, blank=True, editable=False, db_column="claimed")
     finished_at = models.DateTimeField(null=True, blank=True, editable=False, db_column="ended")
     last_error = models.TextField(blank=True, default="", db_default="", db_column="err")
     note = models.CharField(max_length=100, blank=True, default="", db_column="remark")
@@ -183,6 +184,34 @@ class ResultTypes(ClaimableModel):
 
     class Meta:
         indexes = claim_indexes("restypes")
+
+    def process(self) -> None:
+        return None
+
+
+class Step(ClaimableModel):
+    """A row of a dependency chain (tests/workflows/): rows may wait for it, and its
+    settles release them. ``payload`` as :class:`Document`'s: {"fail": msg}."""
+
+    name = models.CharField(max_length=100, blank=True, default="")
+    payload = models.JSONField(default=dict, blank=True)
+
+    class ClaimMeta:
+        dependents = True
+        lease = 30
+
+    def process(self) -> None:
+        if "fail" in (self.payload or {}):
+            raise Fail(self.payload["fail"])
+
+
+class OddStep(ClaimableModel):
+    """A :class:`Step` with a text primary key."""
+
+    key = models.CharField(primary_key=True, max_length=100)
+
+    class ClaimMeta:
+        dependents = True
 
     def process(self) -> None:
         return None

@@ -10,7 +10,8 @@ class Status(models.TextChoices):
     """States of a task row.
 
     ``ready`` → claimable (once ``run_after`` has passed); ``processing`` → held under a
-    lease; ``done`` / ``failed`` / ``cancelled`` → terminal. ``failed`` is the
+    lease; ``waiting`` → not claimable until its prerequisites settle (docs/workflows.md);
+    ``done`` / ``failed`` / ``cancelled`` → terminal. ``failed`` is the
     dead-letter state: visible, and retryable from the admin or ``requeue()``.
     """
 
@@ -19,11 +20,14 @@ class Status(models.TextChoices):
     DONE = "done", _("done")
     FAILED = "failed", _("failed")
     CANCELLED = "cancelled", _("cancelled")
+    WAITING = "waiting", _("waiting")
 
 
 #: Logical state names used by the library; a model's ``ClaimMeta.statuses`` maps each
 #: to the value stored in its own column.
-STATE_NAMES = ("ready", "processing", "done", "failed", "cancelled")
+#: ``waiting`` is optional, like ``cancelled``: a model that maps none cannot have
+#: prerequisites.
+STATE_NAMES = ("ready", "processing", "done", "failed", "cancelled", "waiting")
 TERMINAL_STATES = ("done", "failed", "cancelled")
 
 #: The key under which ``state_counts()`` and the figures count rows whose stored status

@@ -20,7 +20,7 @@ from django_taskclaim.periodic.registry import PERIODIC_RUN, discover, schedules
 
 __all__ = ["periodic_in_use", "periodic_runs_in_use", "reported_models", "without_unused"]
 
-logger = logging.getLogger("django_taskclaim.ops.reported")
+logger = logging.getLogger("django_taskclaim.periodic.reported")
 
 
 def _registered(function_runs_only: bool) -> bool:
