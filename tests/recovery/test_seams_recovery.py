@@ -112,7 +112,7 @@ def test_the_first_reap_comes_soon_after_a_worker_starts():
 
 
 INTERVAL = 3.0  # TASKCLAIM_REAP_INTERVAL of the crash-looping fleet below
-SLACK = 1.0  # seconds allowed beyond one interval (the poll below, a loaded machine)
+SLACK = 1.0  # seconds allowed beyond one interval: jitter, the reap's statements, a loaded machine
 FLEET = 3  # workers alive at a time (one of them at least started)
 SHORT_LIFE = 1.5  # seconds each lives after its startup line before its SIGKILL
 
@@ -143,13 +143,29 @@ def expiring_rows(n: int, *, start: float, step: float) -> list[int]:
     return [d.pk for d in held]
 
 
+@pytest.mark.slow
 def test_a_crash_looping_fleet_reaps_every_expired_lease_within_one_interval():
     """Workers SIGKILLed SHORT_LIFE s after their startup line, one after another, each
     replaced at once, so that one has always started: every lease that ends meanwhile
     is reaped within one reap interval of its end (database clock), however short the
-    lives of the workers and whoever held the reap lock when it was killed."""
+    lives of the workers and whoever held the reap lock when it was killed.
+
+    What the bound allows beyond the interval is measured, not guessed: a reap is dated
+    by the poll before the one that saw it (the latest time it is known not to have
+    happened), and each worker killed mid-reap (holding the reap lock for its short
+    :data:`REAP_HOLD`, not yet extended to the interval) delays the next reap by that
+    hold, as documented; such kills are read from the lock's row at each kill. Without
+    the first reap soon after a start no row is ever reaped (every life is shorter than
+    the interval); with a waiter sleeping a whole interval instead of the lock's
+    remaining lease, rows wait up to two intervals."""
+    from django_taskclaim.db import default_worker_id
+    from django_taskclaim.models import Lease
+    from django_taskclaim.worker.maintenance.reaping import REAP_HOLD, REAP_LOCK_KEY
+
     procs: list[WorkerProc] = []
     born: dict[int, float] = {}
+    polls: list[Any] = []  # database time of each poll of the rows
+    mid_reap_kills: list[Any] = []  # database times of kills of a worker mid-reap
 
     def spawn() -> WorkerProc:
         w = WorkerProc("testapp.Document", "--poll", "0.2",
@@ -157,31 +173,45 @@ def test_a_crash_looping_fleet_reaps_every_expired_lease_within_one_interval():
         procs.append(w)
         return w
 
+    def kill(victim: WorkerProc) -> None:
+        lock = (
+            Lease.objects.filter(key=REAP_LOCK_KEY, owner=default_worker_id(victim.pid))
+            .annotate(now=Now())
+            .values_list("locked_until", "acquired_at", "now")
+            .first()
+        )
+        victim.kill()
+        if lock is not None:
+            until, acquired, now = lock
+            if until > now and (until - acquired).total_seconds() <= REAP_HOLD + 0.05:
+                mid_reap_kills.append(now)
+
     alive = [spawn() for _ in range(FLEET)]
     kills = 0
     try:
         alive[0].wait_started(timeout=60)
         pks = expiring_rows(40, start=2.0, step=0.25)
         ends = dict(Document.objects.filter(pk__in=pks).values_list("pk", "locked_until"))
-        seen: dict[int, Any] = {}  # pk -> database time its reap was first seen
+        seen: dict[int, int] = {}  # pk -> index in polls of the poll that first saw it reaped
 
         def step() -> bool:
             nonlocal kills
             pending = [pk for pk in pks if pk not in seen]
-            rows = (
+            rows = list(
                 Document.objects.filter(pk__in=pending)
                 .annotate(db_time=Now())
                 .values_list("pk", "version", "db_time")
             )
-            for pk, version, at in rows:
+            polls.append(rows[0][2])
+            for pk, version, _at in rows:
                 if version > 1:
-                    seen[pk] = at
+                    seen[pk] = len(polls) - 1
             for w in alive:
                 if w.pid not in born and "taskclaim worker" in w.stdout():
                     born[w.pid] = time.monotonic()
             started = sorted((w for w in alive if w.pid in born), key=lambda w: born[w.pid])
             if len(started) >= 2 and time.monotonic() - born[started[0].pid] >= SHORT_LIFE:
-                started[0].kill()
+                kill(started[0])
                 kills += 1
                 alive.remove(started[0])
                 alive.append(spawn())
@@ -191,11 +221,20 @@ def test_a_crash_looping_fleet_reaps_every_expired_lease_within_one_interval():
         wait_for(step, timeout=120, interval=0.05, what="every expired lease reaped")
     finally:
         stop_all(procs)
-    late = {pk: (seen[pk] - ends[pk]).total_seconds() for pk in pks}
-    worst = max(late.values())
     assert kills >= 5, f"only {kills} workers killed: the fleet did not crash-loop"
-    assert worst <= INTERVAL + SLACK, (
-        f"an expired lease waited {worst:.2f} s for its reap (interval {INTERVAL} s); "
+    late: dict[int, float] = {}
+    over: list[str] = []
+    for pk in pks:
+        # The reap happened after the poll before the one that saw it.
+        before = polls[seen[pk] - 1] if seen[pk] else ends[pk]
+        late[pk] = max(0.0, (before - ends[pk]).total_seconds())
+        window = [t for t in mid_reap_kills if ends[pk] - timedelta(seconds=INTERVAL) <= t]
+        allowed = INTERVAL + SLACK + REAP_HOLD * len([t for t in window if t <= polls[seen[pk]]])
+        if late[pk] > allowed:
+            over.append(f"row {pk}: {late[pk]:.2f} s (allowed {allowed:.2f} s)")
+    assert not over, (
+        f"expired leases waited longer than one interval ({INTERVAL} s) for their reap: "
+        f"{over}; kills mid-reap at {mid_reap_kills}; "
         f"waits: {sorted(round(v, 2) for v in late.values())}"
     )
 
@@ -233,6 +272,7 @@ def gate_holders() -> int:
         return int(cursor.fetchone()[0])
 
 
+@pytest.mark.slow
 @override_settings(TASKCLAIM_CLAIM_GATE=GATE)
 def test_a_claimer_frozen_between_gate_and_claim_does_not_hold_the_gate(tmp_path):
     """Server-side binding: the gate and the claim are two statements of one transaction.
