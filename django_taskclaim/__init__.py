@@ -77,6 +77,10 @@ _LAZY = {
     "UniqueKeyRaceError": "django_taskclaim.model.unique_insert",
     # bulk enqueue
     "enqueue_many": "django_taskclaim.model.enqueue",
+    # workflows
+    "FanIn": "django_taskclaim.settle.dependents",
+    "fan_in": "django_taskclaim.settle.dependents",
+    "prerequisites": "django_taskclaim.settle.dependents",
     # flow control
     "pause": "django_taskclaim.flow.pause",
     "resume": "django_taskclaim.flow.pause",
@@ -102,6 +106,7 @@ __all__ = [
     "DependencyError",
     "ErrorFieldMixin",
     "Fail",
+    "FanIn",
     "LeaseLock",
     "LockLost",
     "LockNotAcquired",
@@ -130,6 +135,7 @@ __all__ = [
     "concurrency_slot",
     "db_now",
     "enqueue_many",
+    "fan_in",
     "get_options",
     "insert_unique",
     "is_paused",
@@ -137,6 +143,7 @@ __all__ = [
     "notify",
     "pause",
     "paused",
+    "prerequisites",
     "processing_key",
     "reap",
     "recover",

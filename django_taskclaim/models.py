@@ -375,8 +375,12 @@ class TaskDependency(models.Model):
             models.Index(
                 fields=["prerequisite_model", "prerequisite_pk"], name="taskclaim_dep_prereq"
             ),
+            # A settle closes the edges from its rows to one dependent: with both pairs in
+            # each index, whichever the planner picks finds them without reading the
+            # dependent's other edges (a fan-in of 100,000).
             models.Index(
-                fields=["dependent_model", "dependent_pk"], name="taskclaim_dep_dependent"
+                fields=["dependent_model", "dependent_pk", "prerequisite_model", "prerequisite_pk"],
+                name="taskclaim_dep_dependent",
             ),
         ]
 
@@ -384,4 +388,43 @@ class TaskDependency(models.Model):
         return (
             f"{self.dependent_model} #{self.dependent_pk} after "
             f"{self.prerequisite_model} #{self.prerequisite_pk}"
+        )
+
+
+class TaskFanIn(models.Model):
+    """The fan-in counter of one dependent row (``dependent_model``, ``dependent_pk``, as
+    in :class:`TaskDependency`): of its ``total`` prerequisites, how many are still
+    ``open`` and how many ended ``done``, ``failed`` or ``cancelled``. Written with the
+    edges by ``after=``; every settle that closes edges of the dependent updates it in
+    the settle's own transaction, under a lock of this row, and the settle that brings
+    ``open`` to 0 releases the dependent (``released_at``, database clock): one small
+    row per dependent, so a prerequisite's settle costs the same whether the dependent
+    waits for ten rows or a hundred thousand. An edge held by ``on_failure='hold'``
+    stays open and is not counted as settled. See docs/workflows.md, "Fan-in"."""
+
+    dependent_model = models.CharField(_("dependent model"), max_length=100)
+    dependent_pk = models.CharField(_("dependent"), max_length=191)
+    on_failure = models.CharField(_("on failure"), max_length=8, default="cancel")
+    total = models.PositiveIntegerField(_("prerequisites"), default=0)
+    open = models.PositiveIntegerField(_("open"), default=0)
+    done = models.PositiveIntegerField(_("done"), default=0)
+    failed = models.PositiveIntegerField(_("failed"), default=0)
+    cancelled = models.PositiveIntegerField(_("cancelled"), default=0)
+    created_at = models.DateTimeField(_("created at"), db_default=DbNow())
+    released_at = models.DateTimeField(_("released at"), null=True, blank=True)
+
+    class Meta:
+        app_label = "taskclaim"
+        verbose_name = _("task fan-in")
+        verbose_name_plural = _("task fan-ins")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["dependent_model", "dependent_pk"], name="taskclaim_fanin_dependent"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.dependent_model} #{self.dependent_pk}: {self.open} of {self.total} "
+            "prerequisites open"
         )

@@ -38,7 +38,7 @@ from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.ops.figures import model_stats
 from django_taskclaim.row.status import UNKNOWN_STATE
 from django_taskclaim.rules import lease_ended
-from django_taskclaim.settle.dependents import open_prerequisites
+from django_taskclaim.settle.dependents import fan_in, open_prerequisites
 
 __all__ = [
     "CLAIM_COLUMNS",
@@ -51,6 +51,9 @@ __all__ = [
 #: Ordering declared on ``status_badge``; each admin instance replaces it with the
 #: model's ``ClaimMeta.status_field``.
 DEFAULT_STATUS_ORDERING = "status"
+#: How many of a waiting row's open prerequisites its admin page names (the rest are
+#: counted: a fan-in may wait for 100,000 rows).
+SHOWN_PREREQUISITES = 20
 
 #: Names of the columns the mixin adds to ``list_display``.
 CLAIM_COLUMNS = (
@@ -344,9 +347,27 @@ class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin, RuntimeColumnMixin):
 
     @admin.display(description=_("waiting for"))
     def prerequisites(self, obj: Any) -> str:
-        """The prerequisites a waiting row still waits for (docs/workflows.md)."""
-        found = open_prerequisites(obj)
-        return ", ".join(f"{label} #{key}" for label, key in found) or "—"
+        """The prerequisites a waiting row still waits for (docs/workflows.md): how many
+        of how many, from its fan-in counter, and the first :data:`SHOWN_PREREQUISITES`
+        by name (two indexed reads, whatever the size of the fan-in)."""
+        counts = fan_in(obj)
+        if counts is None:
+            return "—"
+        found = open_prerequisites(obj, limit=SHOWN_PREREQUISITES)
+        names = ", ".join(f"{label} #{key}" for label, key in found)
+        if counts.open > len(found):
+            names += f", … ({counts.open - len(found):,} more)"
+        ended = ", ".join(
+            f"{n:,} {state}"
+            for state, n in (
+                ("done", counts.done),
+                ("failed", counts.failed),
+                ("cancelled", counts.cancelled),
+            )
+            if n
+        )
+        head = f"{counts.open:,} of {counts.total:,} open" + (f" ({ended})" if ended else "")
+        return f"{head}: {names}" if names else head
 
     @admin.display(description=_("attempts' story"))
     def attempt_history(self, obj: Any) -> str:

@@ -16,11 +16,13 @@ The one home of the rule "a row waits until its prerequisites settle":
   transaction (retried whole on a deadlock), or runs the write alone for a model whose
   rows nobody may wait for.
 
-Why a row lock on the dependent: two prerequisites settling at once in two
-transactions each lock the dependent before they close their edge and count the open
-ones, so the second sees the first's edge closed (never both "one still open": stuck;
-never both "none open": released twice). The count is a locking read, so MariaDB's
-repeatable-read snapshot cannot hide the other's closed edge.
+Why a lock on the dependent's fan-in counter (``TaskFanIn``, one row per dependent):
+two prerequisites settling at once in two transactions each lock the counter before
+they close their edges and decrement it, so the second sees the first's decrement
+(never both "one still open": stuck; never both "none open": released twice). The
+reads are locking reads, so MariaDB's repeatable-read snapshot cannot hide the other's
+write. Only the edges being closed and the counter are read: a settle costs the same
+whatever the number of the dependent's other prerequisites (a fan-in of 100,000).
 """
 
 from __future__ import annotations
@@ -44,15 +46,23 @@ from django_taskclaim.wakeup.notify import notify
 POLICIES = ("cancel", "run", "hold")
 #: The ``outcome`` of an open edge.
 OPEN = ""
-#: The edge table's model, found through the app registry: it sits above this layer
-#: (docs/architecture.md).
+#: The edge table's model and the fan-in counters' model, found through the app
+#: registry: they sit above this layer (docs/architecture.md).
 EDGE_MODEL = "taskclaim.TaskDependency"
+FAN_IN_MODEL = "taskclaim.TaskFanIn"
+#: Rows per statement when ``after=`` reads or writes many prerequisites (SQLite binds
+#: at most 32,766 parameters; PostgreSQL 65,535).
+CHUNK = 500
 #: The longest primary key text an edge stores (its column's length).
 KEY_LENGTH = 191
 
 
 def _edges(using: str) -> models.QuerySet:
     return apps.get_model(EDGE_MODEL)._base_manager.using(using)
+
+
+def _fan_ins(using: str) -> models.QuerySet:
+    return apps.get_model(FAN_IN_MODEL)._base_manager.using(using)
 
 
 def label_of(model: type[models.Model]) -> str:
@@ -169,14 +179,17 @@ def plan_after(
     for pmodel in sorted(by_model, key=lambda m: m._meta.label):
         popts = get_options(pmodel)
         fields = [popts.status_field] + (["last_error"] if popts.has("last_error") else [])
-        found = {
-            key_of(pk): rest
-            for pk, *rest in pmodel._base_manager.using(using)
-            .select_for_update()
-            .filter(pk__in=sorted(by_model[pmodel], key=key_of))
-            .order_by("pk")
-            .values_list("pk", *fields)
-        }
+        wanted = sorted(by_model[pmodel], key=key_of)
+        found: dict[str, list[Any]] = {}
+        for i in range(0, len(wanted), CHUNK):
+            found.update(
+                (key_of(pk), rest)
+                for pk, *rest in pmodel._base_manager.using(using)
+                .select_for_update()
+                .filter(pk__in=wanted[i : i + CHUNK])
+                .order_by("pk")
+                .values_list("pk", *fields)
+            )
         for pk in sorted(by_model[pmodel], key=key_of):
             key = key_of(pk)
             if key not in found:
@@ -204,10 +217,15 @@ def _edge_of(plan: Plan, label: str, key: str, state: str, error: str) -> tuple[
 
 
 def write_edges(plan: Plan, model: type[models.Model], objs: Iterable[Any], using: str) -> None:
-    """Write the edges of ``plan`` for the saved rows ``objs`` of ``model``."""
+    """Write the edges of ``plan`` for the saved rows ``objs`` of ``model``, and each
+    row's fan-in counter (how many edges are open, how the others ended)."""
     edge = apps.get_model(EDGE_MODEL)
+    fan_in = apps.get_model(FAN_IN_MODEL)
     label = label_of(model)
+    ended = [outcome for _, _, outcome in plan.edges]
+    counts = {state: ended.count(state) for state in ("done", "failed", "cancelled")}
     out = []
+    counters = []
     for obj in objs:
         if obj.pk is None:  # MySQL's bulk insert returns no keys
             raise DependencyError(
@@ -226,7 +244,19 @@ def write_edges(plan: Plan, model: type[models.Model], objs: Iterable[Any], usin
                     settled_at=None if outcome == OPEN else DbNow(),
                 )
             )
-    edge._base_manager.using(using).bulk_create(out)
+        counters.append(
+            fan_in(
+                dependent_model=label,
+                dependent_pk=key_of(obj.pk),
+                on_failure=plan.policy,
+                total=len(ended),
+                open=ended.count(OPEN),
+                released_at=DbNow() if plan.state == "ready" else None,
+                **counts,
+            )
+        )
+    edge._base_manager.using(using).bulk_create(out, batch_size=CHUNK)
+    fan_in._base_manager.using(using).bulk_create(counters, batch_size=CHUNK)
 
 
 def settle_and_release[T](
@@ -275,10 +305,10 @@ def release_dependents(
 
 def _dependents_of(label: str, keys: list[str], using: str) -> list[tuple[str, str]]:
     found: set[tuple[str, str]] = set()
-    for i in range(0, len(keys), 500):
+    for i in range(0, len(keys), CHUNK):
         found.update(
             _edges(using)
-            .filter(prerequisite_model=label, prerequisite_pk__in=keys[i : i + 500], outcome=OPEN)
+            .filter(prerequisite_model=label, prerequisite_pk__in=keys[i : i + CHUNK], outcome=OPEN)
             .values_list("dependent_model", "dependent_pk")
         )
     return sorted(found)  # one lock order: no deadlock between two settles
@@ -287,43 +317,69 @@ def _dependents_of(label: str, keys: list[str], using: str) -> list[tuple[str, s
 def _settle_edges(
     label: str, keys: set[str], state: str, dlabel: str, dkey: str, using: str
 ) -> bool:
-    """Settle the open edges from ``label`` ``keys`` to one dependent, under its row lock;
-    return whether the dependent was cancelled (its own dependents follow)."""
+    """Settle the open edges from ``label`` ``keys`` to one dependent, under the lock of
+    its fan-in counter; return whether the dependent was cancelled (its own dependents
+    follow). What is read and written is the edges being closed and one counter row,
+    never the dependent's other edges: the same cost for ten prerequisites or 100,000."""
     dmodel = apps.get_model(dlabel)
     dopts = get_options(dmodel)
-    rows = dmodel._base_manager.using(using).filter(pk=_pk(dmodel, dkey))
-    status = rows.select_for_update().values_list(dopts.status_field, flat=True).first()
-    open_edges = list(
+    counter = (
+        _fan_ins(using)
+        .select_for_update()
+        .filter(dependent_model=dlabel, dependent_pk=dkey)
+        .values_list("pk", "open")
+        .first()
+    )
+    mine = list(
         _edges(using)
         .select_for_update()
-        .filter(dependent_model=dlabel, dependent_pk=dkey, outcome=OPEN)
-        .values_list("pk", "prerequisite_model", "prerequisite_pk", "on_failure")
+        .filter(
+            dependent_model=dlabel,
+            dependent_pk=dkey,
+            prerequisite_model=label,
+            prerequisite_pk__in=sorted(keys),
+            outcome=OPEN,
+        )
+        .order_by("pk")
+        .values_list("pk", "prerequisite_pk", "on_failure")
     )
-    mine = [e for e in open_edges if e[1] == label and e[2] in keys]
     if not mine:
         return False  # closed by another settle that came first
-    policy = mine[0][3]
+    if counter is None:  # written before the counters: count the open edges instead
+        still = _edges(using).filter(dependent_model=dlabel, dependent_pk=dkey, outcome=OPEN)
+        counter = (None, still.count())
+    policy = mine[0][2]
+    rows = dmodel._base_manager.using(using).filter(pk=_pk(dmodel, dkey))
+    status = rows.select_for_update().values_list(dopts.status_field, flat=True).first()
     waiting = rows.filter(dopts.status_q("waiting"))
     is_waiting = status is not None and dopts.state_of(status) == "waiting"
     if state != "done" and policy == "hold":
         if is_waiting:
-            error = _prerequisite_error(label, mine[0][2], using)
-            text = _why(label, mine[0][2], state, error, policy)
+            error = _prerequisite_error(label, mine[0][1], using)
+            text = _why(label, mine[0][1], state, error, policy)
             waiting.update(**writes(dopts, Change.HOLD, error=text))
         return False
     _edges(using).filter(pk__in=[e[0] for e in mine]).update(outcome=state, settled_at=DbNow())
+    left = counter[1] - len(mine)
+    released = is_waiting and left <= 0 and (state == "done" or policy == "run")
+    if counter[0] is not None:
+        _fan_ins(using).filter(pk=counter[0]).update(
+            open=models.F("open") - len(mine),
+            **{state: models.F(state) + len(mine)},
+            **({"released_at": DbNow()} if released else {}),
+        )
     if not is_waiting:
         return False
     if state == "done" or policy == "run":
-        if len(mine) == len(open_edges):
+        if released:
             waiting.update(
                 **{dopts.status_field: dopts.value("ready"), "version": models.F("version") + 1},
                 **writes(dopts, Change.UNBLOCK),
             )
             notify(dmodel, using=using)  # after the commit, as for a new row
         return False
-    error = _prerequisite_error(label, mine[0][2], using)
-    text = _why(label, mine[0][2], state, error, policy)
+    error = _prerequisite_error(label, mine[0][1], using)
+    text = _why(label, mine[0][1], state, error, policy)
     waiting.update(
         **{dopts.status_field: dopts.value("cancelled"), "version": models.F("version") + 1},
         **writes(dopts, Change.PREREQUISITE_FAILED, error=text),
@@ -339,12 +395,49 @@ def _prerequisite_error(label: str, key: str, using: str) -> str:
     return str(rows.values_list("last_error", flat=True).first() or "")
 
 
-def open_prerequisites(obj: models.Model) -> list[tuple[str, str]]:
-    """The prerequisites ``obj`` still waits for: (model label, primary key text)."""
+def open_prerequisites(obj: models.Model, limit: int | None = None) -> list[tuple[str, str]]:
+    """The prerequisites ``obj`` still waits for: (model label, primary key text), the
+    oldest first; at most ``limit`` of them."""
+    found = prerequisites(obj, OPEN).values_list("prerequisite_model", "prerequisite_pk")
+    return list(found if limit is None else found[:limit])
+
+
+@dataclass(frozen=True)
+class FanIn:
+    """Where a dependent row stands: of its ``total`` prerequisites, ``open`` still
+    unsettled (or held by ``on_failure='hold'``), and how many ended ``done``,
+    ``failed`` and ``cancelled``; ``released`` once its last prerequisite settled."""
+
+    total: int
+    open: int
+    done: int
+    failed: int
+    cancelled: int
+    released: bool
+
+
+def fan_in(obj: models.Model) -> FanIn | None:
+    """The fan-in counter of ``obj`` (one indexed read, whatever the number of its
+    prerequisites), or ``None`` for a row that waits for nothing. A callback row reads
+    its members' outcomes here; :func:`prerequisites` lists them one by one."""
     using = obj._state.db or "default"
-    return list(
-        _edges(using)
-        .filter(dependent_model=label_of(type(obj)), dependent_pk=key_of(obj.pk), outcome=OPEN)
-        .order_by("pk")
-        .values_list("prerequisite_model", "prerequisite_pk")
+    row = (
+        _fan_ins(using)
+        .filter(dependent_model=label_of(type(obj)), dependent_pk=key_of(obj.pk))
+        .values_list("total", "open", "done", "failed", "cancelled", "released_at")
+        .first()
     )
+    if row is None:
+        return None
+    total, open_, done, failed, cancelled, released_at = row
+    return FanIn(total, open_, done, failed, cancelled, released=released_at is not None)
+
+
+def prerequisites(obj: models.Model, outcome: str | None = None) -> models.QuerySet:
+    """The edges of ``obj`` (``TaskDependency`` rows, oldest first): every prerequisite
+    with its ``outcome`` (``""`` while open), or only those with ``outcome``."""
+    using = obj._state.db or "default"
+    edges = _edges(using).filter(dependent_model=label_of(type(obj)), dependent_pk=key_of(obj.pk))
+    if outcome is not None:
+        edges = edges.filter(outcome=outcome)
+    return edges.order_by("pk")
