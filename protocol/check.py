@@ -1,4 +1,5 @@
-"""Check the Spin model of the protocol (protocol/taskclaim.pml), and tie it to the code.
+"""Check the Spin models of the protocol (protocol/taskclaim.pml, and the fan-in of the
+workflows in protocol/fanin.pml), and tie them to the code.
 
     python protocol/check.py            run every check; exit 1 if a property fails or a
                                         broken design is accepted; exit 2 without spin/gcc
@@ -34,6 +35,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MODEL = HERE / "taskclaim.pml"
+#: The fan-in of the workflows (docs/workflows.md): members' settles and one callback.
+FAN_IN_MODEL = HERE / "fanin.pml"
 ACTIONS = HERE / "actions.json"
 
 ONE_HOLDER = "ONE HOLDER"
@@ -43,6 +46,10 @@ EXACTLY_ONCE = "EXACTLY ONCE"
 RENEWALS = "RENEWALS NEVER WAIT"
 NO_LOSS = "NO LOSS"
 SAFETY = (ONE_HOLDER, FENCED, NO_EARLY_RERUN, EXACTLY_ONCE, RENEWALS)
+CALLBACK_ONCE = "CALLBACK ONCE"
+NEVER_EARLY = "NEVER EARLY"
+NEVER_STUCK = "NEVER STUCK"
+FAN_IN = (CALLBACK_ONCE, NEVER_EARLY, NEVER_STUCK)
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,8 @@ class Run:
     #: None: every property in ``checks`` must hold; else the property that must fail
     expect_violation: str | None = None
     about: str = ""
+    #: the Promela file checked
+    model: Path = MODEL
 
     @property
     def liveness(self) -> bool:
@@ -159,6 +168,29 @@ RUNS: tuple[Run, ...] = (
         NO_EARLY_RERUN,
         "a reaper that takes processing rows whatever their lease",
     ),
+    Run(
+        "fan-in",
+        {"M": 4, "REQUEUE": True},
+        FAN_IN,
+        about="4 members, rolled-back settles, a member requeued and settled again",
+        model=FAN_IN_MODEL,
+    ),
+    Run(
+        "broken-fan-in-counted-outside-the-settle",
+        {"M": 2, "WITNESS_OUTSIDE": True},
+        FAN_IN,
+        CALLBACK_ONCE,
+        "the counter decremented and read after the member's settle committed",
+        model=FAN_IN_MODEL,
+    ),
+    Run(
+        "broken-fan-in-unguarded-resettle",
+        {"M": 2, "REQUEUE": True, "WITNESS_UNGUARDED": True},
+        FAN_IN,
+        NEVER_EARLY,
+        "a settle that decrements whether or not its edge is still open",
+        model=FAN_IN_MODEL,
+    ),
 )
 
 
@@ -193,6 +225,12 @@ def violated_property(output: str) -> str | None:
         return RENEWALS
     if "mt[" in text:
         return FENCED
+    if "released<=1" in text.replace(" ", ""):
+        return CALLBACK_ONCE
+    if "nsettled==" in text.replace(" ", ""):
+        return NEVER_EARLY
+    if "released==1" in text.replace(" ", ""):
+        return NEVER_STUCK
     return f"assertion {text}"
 
 
@@ -209,8 +247,9 @@ def check(run: Run, *, timeout: float = 300.0) -> Result:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="taskclaim-spin-") as tmp:
         work = Path(tmp)
-        shutil.copy(MODEL, work / MODEL.name)
-        out = _run(["spin", *run.flags(), "-a", MODEL.name], work, timeout)
+        model = run.model
+        shutil.copy(model, work / model.name)
+        out = _run(["spin", *run.flags(), "-a", model.name], work, timeout)
         if not (work / "pan.c").exists():
             result.detail = f"spin -a failed: {out.strip()[-500:]}"
             return result
@@ -231,9 +270,9 @@ def check(run: Run, *, timeout: float = 300.0) -> Result:
             result.detail = f"incomplete search: {out.strip()[-500:]}"
             return result
         result.violated = violated_property(out)
-        trail = work / f"{MODEL.name}.trail"
+        trail = work / f"{model.name}.trail"
         if trail.exists():
-            replay = _run(["spin", *run.flags(), "-t", "-p", "-g", MODEL.name], work, timeout)
+            replay = _run(["spin", *run.flags(), "-t", "-p", "-g", model.name], work, timeout)
             result.trail = [line for line in replay.splitlines() if line.strip()]
         if run.expect_violation is None:
             result.ok = result.violated is None

@@ -92,10 +92,12 @@ def test_a_name_that_left_the_code_fails_the_check():
 def test_every_broken_design_of_the_model_is_a_run_and_back():
     """A WITNESS_ variant the model has but no run uses would never be checked; a run
     naming one the model lacks would check the correct model under a wrong name."""
-    in_model = set(re.findall(r"\bWITNESS_[A-Z_]+", check.MODEL.read_text()))
-    in_runs = {name for run in BROKEN for name in run.defines if name.startswith("WITNESS_")}
-    assert in_runs == in_model
-    assert len(BROKEN) == len(in_model) == 10
+    for model, count in ((check.MODEL, 10), (check.FAN_IN_MODEL, 2)):
+        in_model = set(re.findall(r"\bWITNESS_[A-Z_]+", model.read_text()))
+        runs = [run for run in BROKEN if run.model == model]
+        in_runs = {name for run in runs for name in run.defines if name.startswith("WITNESS_")}
+        assert in_runs == in_model, model.name
+        assert len(runs) == len(in_model) == count, model.name
 
 
 def test_every_action_names_tests_of_its_effect_that_exist():
@@ -136,6 +138,9 @@ def test_pan_reports_are_read_as_the_property_they_break():
     assert seen("pan:1: assertion violated ((!(alive[0]))) (at depth 9)") == check.RENEWALS
     assert seen("pan:1: acceptance cycle (at depth 9)") == check.NO_LOSS
     assert seen("pan:1: invalid end state (at depth 9)") == "DEADLOCK"
+    assert seen("pan:1: assertion violated (released<=1) (at depth 9)") == check.CALLBACK_ONCE
+    assert seen("pan:1: assertion violated (nsettled==2) (at depth 9)") == check.NEVER_EARLY
+    assert seen("pan:1: assertion violated (released==1) (at depth 9)") == check.NEVER_STUCK
     assert seen("\tinvalid end states\t+\n\tassertion violations\t+\nerrors: 0") is None
 
 
