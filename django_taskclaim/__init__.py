@@ -26,6 +26,7 @@ from django_taskclaim.exceptions import (
     LockNotAcquired,
     NotClaimableError,
     Retry,
+    Snooze,
     StrategyNotSupportedError,
     TaskClaimError,
 )
@@ -116,6 +117,7 @@ __all__ = [
     "ReapResult",
     "Retry",
     "ScheduleFieldsMixin",
+    "Snooze",
     "Status",
     "StatusFieldMixin",
     "StrategyNotSupportedError",

@@ -79,7 +79,7 @@ class LockLost(TaskClaimError):
 RETRY_DELAY_MAX = 365 * 24 * 3600.0
 
 
-def _retry_delay(delay: Any) -> float:
+def _retry_delay(delay: Any, what: str = "Retry delay") -> float:
     """``delay`` in seconds, or ``ValueError`` worded as ``config.bounds.number`` words it.
 
     Checked here rather than with ``config.bounds``: the bounds raise this module's
@@ -87,13 +87,13 @@ def _retry_delay(delay: Any) -> float:
     seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
     shown = seconds if isinstance(delay, timedelta) else delay
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-        raise ValueError(f"Retry delay must be a number of seconds, got {shown!r}")
+        raise ValueError(f"{what} must be a number of seconds, got {shown!r}")
     if not math.isfinite(seconds):
-        raise ValueError(f"Retry delay must be a finite number, got {shown!r}")
+        raise ValueError(f"{what} must be a finite number, got {shown!r}")
     if seconds < 0:
-        raise ValueError(f"Retry delay must be >= 0, got {shown!r}")
+        raise ValueError(f"{what} must be >= 0, got {shown!r}")
     if seconds > RETRY_DELAY_MAX:
-        raise ValueError(f"Retry delay must be from 0 to {RETRY_DELAY_MAX:g}, got {shown!r}")
+        raise ValueError(f"{what} must be from 0 to {RETRY_DELAY_MAX:g}, got {shown!r}")
     return float(seconds)
 
 
@@ -111,6 +111,21 @@ class Retry(Exception):
         self.delay: float | None = seconds
         self.reason = reason
         super().__init__(reason or (f"retry in {seconds:g}s" if seconds is not None else "retry"))
+
+
+class Snooze(Exception):
+    """Raise from a task body to park its row until later: ``ready`` again after
+    ``delay`` (seconds or ``timedelta``), its worker slot freed at once. Unlike
+    :class:`Retry` the attempt is not counted and no error is recorded; the row's
+    completed steps (``task.step()``) are kept, so the next run picks up after them.
+    Needs the model's ``run_after`` field (``ScheduleFieldsMixin``): on a model without
+    one the attempt is retried with an error saying so."""
+
+    def __init__(self, delay: float | timedelta = 0.0, reason: str = "") -> None:
+        #: Seconds until the row is due again (a ``timedelta`` given is converted).
+        self.delay: float = _retry_delay(delay, "Snooze delay")
+        self.reason = reason
+        super().__init__(reason or f"snooze for {self.delay:g}s")
 
 
 class Fail(Exception):

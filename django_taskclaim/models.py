@@ -428,3 +428,34 @@ class TaskFanIn(models.Model):
             f"{self.dependent_model} #{self.dependent_pk}: {self.open} of {self.total} "
             "prerequisites open"
         )
+
+
+class TaskStep(models.Model):
+    """One completed durable step of a task row (``task_model``, ``task_pk``, as in
+    :class:`TaskDependency`): its ``name``, the JSON ``result`` its function returned,
+    and the claim token it was written under. Written by ``task.step(name, fn)`` inside
+    a fenced transaction with the step's own database writes, so both commit while the
+    claim is still held, or neither; a later attempt of the row finds it and gets the
+    stored result without running the step again. See docs/workflows.md, "Durable
+    steps"."""
+
+    task_model = models.CharField(_("task model"), max_length=100)
+    task_pk = models.CharField(_("task"), max_length=191)
+    name = models.CharField(_("step"), max_length=100)
+    result = models.JSONField(_("result"), null=True, blank=True, encoder=DjangoJSONEncoder)
+    token = models.BigIntegerField(_("claim token"))
+    attempt = models.PositiveIntegerField(_("attempt"))
+    created_at = models.DateTimeField(_("completed at"), db_default=DbNow())
+
+    class Meta:
+        app_label = "taskclaim"
+        verbose_name = _("task step")
+        verbose_name_plural = _("task steps")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["task_model", "task_pk", "name"], name="taskclaim_step_once"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_model} #{self.task_pk}: step {self.name}"

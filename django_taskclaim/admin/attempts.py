@@ -1,12 +1,15 @@
 """Each attempt's story on a task's admin page: the attempts the workers recorded for the
 row (``taskclaim.TaskAttempt``, see ``TASKCLAIM_ATTEMPT_LOG``), newest first — when each
 started (database clock), on which worker, how long it ran, what became of it and its
-error. One query, served by the journal's index on (model, row, number)."""
+error. One query, served by the journal's index on (model, row, number). Then the
+row's completed durable steps (``taskclaim.TaskStep``), in the order they completed."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 from django.utils.timezone import localtime
@@ -14,9 +17,9 @@ from django.utils.translation import gettext_lazy as _
 
 from django_taskclaim.admin.display import humanize_seconds
 from django_taskclaim.config.settings import taskclaim_settings
-from django_taskclaim.models import TaskAttempt
+from django_taskclaim.models import TaskAttempt, TaskStep
 
-__all__ = ["attempt_table"]
+__all__ = ["attempt_table", "has_steps", "step_table"]
 
 #: Attempts shown on a page at most (the journal keeps ``TASKCLAIM_ATTEMPTS_KEPT``).
 SHOWN = 50
@@ -75,5 +78,47 @@ def attempt_table(obj: Any) -> str:
         _("ran for"),
         _("outcome"),
         _("error"),
+        body,
+    )
+
+
+def _steps_of(obj: Any) -> Any:
+    label = (type(obj)._meta.concrete_model or type(obj))._meta.label
+    return TaskStep.objects.using(obj._state.db or "default").filter(
+        task_model=label, task_pk=str(obj.pk)
+    )
+
+
+def has_steps(obj: Any) -> bool:
+    """Whether row ``obj`` completed any durable step (one indexed query)."""
+    return bool(_steps_of(obj).exists())
+
+
+def step_table(obj: Any) -> str:
+    """HTML of the durable steps row ``obj`` completed, in the order they completed:
+    name, the attempt that ran it, when (database clock) and its stored result."""
+    rows = list(_steps_of(obj).order_by("created_at", "pk")[:SHOWN])
+    if not rows:
+        return "—"
+    body = format_html_join(
+        "",
+        '<tr><td>{}</td><td class="num">{}</td><td>{}</td><td><code>{}</code></td></tr>',
+        (
+            (
+                s.name,
+                s.attempt,
+                localtime(s.created_at).strftime("%Y-%m-%d %H:%M:%S"),
+                Truncator(json.dumps(s.result, cls=DjangoJSONEncoder)).chars(120),
+            )
+            for s in rows
+        ),
+    )
+    return format_html(
+        '<table class="taskclaim-attempts taskclaim-steps"><thead><tr><th>{}</th>'
+        '<th class="num">{}</th><th>{}</th><th>{}</th></tr></thead><tbody>{}</tbody></table>',
+        _("step"),
+        _("attempt"),
+        _("completed"),
+        _("result"),
         body,
     )

@@ -18,7 +18,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
 from django_taskclaim.admin.actions import ClaimActionsMixin
-from django_taskclaim.admin.attempts import attempt_table
+from django_taskclaim.admin.attempts import attempt_table, has_steps, step_table
 from django_taskclaim.admin.display import (
     NOW_ANNOTATION,
     STYLESHEET,
@@ -81,6 +81,7 @@ READONLY_CLAIM_FIELDS = (
     "error_details",
     "prerequisites",
     "attempt_history",
+    "durable_steps",
 )
 #: The fields of :data:`READONLY_CLAIM_FIELDS` shown only while a row is held.
 HELD_ONLY_FIELDS = ("current_holder", "lease_details")
@@ -184,7 +185,7 @@ class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin, RuntimeColumnMixin):
             return need == "status" or self.claim_options.has(need)
         if name == "error_details":
             return self.claim_options.has("last_error")
-        if name == "attempt_history":
+        if name in ("attempt_history", "durable_steps"):
             return True
         if name == "prerequisites":
             return self.claim_options.statuses.get("waiting") is not None
@@ -219,13 +220,16 @@ class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin, RuntimeColumnMixin):
         """The read-only claim fields of ``obj``'s page: a held row's holder and lease, the
         last holder of any other row, neither on the add page."""
         if obj is None:
-            skip = {"last_holder", "attempt_history", "prerequisites", *HELD_ONLY_FIELDS}
+            skip = {"last_holder", "attempt_history", "prerequisites", "durable_steps"}
+            skip.update(HELD_ONLY_FIELDS)
         elif self._state(obj) == "processing":
             skip = {"last_holder", "prerequisites"}
         else:
             skip = set(HELD_ONLY_FIELDS)
         if obj is not None and self._state(obj) != "waiting":
             skip.add("prerequisites")  # only a waiting row waits for any
+        if obj is not None and not has_steps(obj):
+            skip.add("durable_steps")  # a body that uses no steps: nothing to show
         return [f for f in READONLY_CLAIM_FIELDS if f not in skip]
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -368,6 +372,11 @@ class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin, RuntimeColumnMixin):
         )
         head = f"{counts.open:,} of {counts.total:,} open" + (f" ({ended})" if ended else "")
         return f"{head}: {names}" if names else head
+
+    @admin.display(description=_("completed steps"))
+    def durable_steps(self, obj: Any) -> str:
+        """The durable steps this row completed (docs/workflows.md, "Durable steps")."""
+        return step_table(obj)
 
     @admin.display(description=_("attempts' story"))
     def attempt_history(self, obj: Any) -> str:

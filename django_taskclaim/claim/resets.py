@@ -76,6 +76,8 @@ class Change(StrEnum):
     #: ``processing`` → ``ready`` now, the attempt not counted (``release()``,
     #: ``give_back()``)
     GIVE_BACK = "give_back"
+    #: ``processing`` → ``ready`` after a delay, the attempt not counted (``Snooze``)
+    SNOOZE = "snooze"
     #: the operator's requeue: ``failed`` / ``cancelled`` / ``done`` → ``ready``
     REQUEUE = "requeue"
     #: the operator's release: ``processing`` → ``ready``, taken from its holder
@@ -108,6 +110,7 @@ RESETS: dict[Change, dict[str, Write]] = {
     Change.RETRY: {"last_error": Write.ERROR, "run_after": Write.DUE},
     Change.GIVE_UP: {"finished_at": Write.CLOCK, "last_error": Write.ERROR},
     Change.GIVE_BACK: {},
+    Change.SNOOZE: {"run_after": Write.DUE},
     Change.REQUEUE: {
         "run_after": Write.CLOCK,
         "claimed_at": Write.CLEAR,

@@ -7,7 +7,7 @@ columns combine the finer mixins (at least :class:`ClaimFieldsMixin`, a status c
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -23,7 +23,7 @@ from django_taskclaim.db import DbNow
 from django_taskclaim.model.indexes import claim_indexes
 from django_taskclaim.model.queryset import ClaimQuerySet
 from django_taskclaim.row.status import Status
-from django_taskclaim.settle import outcome, transitions
+from django_taskclaim.settle import outcome, steps, transitions
 
 
 class StatusFieldMixin(models.Model):
@@ -173,6 +173,26 @@ class ClaimableMixin(models.Model):
     def release(self) -> None:
         """Give the task back untouched: ``ready`` now, and this attempt is not counted."""
         transitions.release(self)
+
+    def step(self, name: str, fn: Callable[[], Any]) -> Any:
+        """A durable step of this task's body: ``fn()``'s result, run once per row.
+
+        If an earlier attempt of the row completed the step ``name``, its stored result
+        is returned and ``fn`` is not called. Otherwise ``fn`` runs inside a fenced
+        transaction with the storing of its result: its database writes and the step
+        commit together, only while this worker still holds the claim
+        (:class:`ClaimLost` otherwise, nothing committed). The result must be JSON; the
+        value returned is always the stored one. Effects outside the database are at
+        least once (docs/workflows.md, "Durable steps")."""
+        return steps.run_step(self, name, fn)
+
+    def completed_steps(self) -> dict[str, Any]:
+        """The durable steps this row completed so far: name → stored result."""
+        return steps.completed_steps(self)
+
+    def forget_steps(self) -> int:
+        """Delete this row's stored steps, so that its next run starts over."""
+        return steps.forget_steps(self)
 
     def extend_lease(self, seconds: float | timedelta | None = None) -> None:
         """Push the lease to ``now() + seconds`` (database clock; default: the model's lease)."""

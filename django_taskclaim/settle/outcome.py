@@ -24,12 +24,12 @@ from django.db import models
 from django.db.models.expressions import Combinable
 
 from django_taskclaim.config.options import ClaimOptions, get_options
-from django_taskclaim.exceptions import ClaimLost, ConfigurationError, Fail, Retry
+from django_taskclaim.exceptions import ClaimLost, ConfigurationError, Fail, Retry, Snooze
 from django_taskclaim.row.claimable import Claimable, model_of
 from django_taskclaim.rules import held_q
 from django_taskclaim.settle.batch import PENDING_ATTR, BatchableResult
 from django_taskclaim.settle.deadline import deadline_error, overdue
-from django_taskclaim.settle.transitions import Outcome, complete, fail, fenced, retry
+from django_taskclaim.settle.transitions import Outcome, complete, fail, fenced, retry, snooze
 from django_taskclaim.settle.writes import _db, check_fields
 
 logger = logging.getLogger("django_taskclaim.settle.outcome")
@@ -182,14 +182,23 @@ def _complete(
 
 def _record_error(task: Claimable, opts: ClaimOptions, error: BaseException) -> Outcome:
     """:func:`settle` of an error: ``Fail`` → failed for good; ``Retry`` → ready after
-    its delay; any other error → retried with backoff (failed once the attempts are
-    used up); a claim lost meanwhile → ``"lost"``."""
+    its delay; ``Snooze`` → ready after its delay, the attempt not counted; any other
+    error → retried with backoff (failed once the attempts are used up); a claim lost
+    meanwhile → ``"lost"``."""
     try:
         if isinstance(error, Fail):
             fail(task, error.reason)
             return Outcome.FAILED
         if isinstance(error, Retry):
             return retry(task, delay=error.delay, error=error.reason or "retry requested")
+        if isinstance(error, Snooze):
+            if opts.has("run_after"):
+                return snooze(task, error.delay)
+            return retry(
+                task,
+                error=f"Snooze: {opts.label} has no run_after field, so a row cannot be "
+                "parked until later (add ScheduleFieldsMixin); retried as an error",
+            )
         logger.info(
             "task raised model=%s pk=%s attempt=%s error=%r",
             opts.label,

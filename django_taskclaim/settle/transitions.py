@@ -32,7 +32,7 @@ from django_taskclaim.config.claim_meta import CLAIM_STATE_FIELDS, SLOT_FIELD
 from django_taskclaim.config.options import ClaimOptions, get_options
 from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.db import DbNow, in_user_atomic, is_transient, retry_transient
-from django_taskclaim.exceptions import ClaimLost
+from django_taskclaim.exceptions import ClaimLost, ConfigurationError
 from django_taskclaim.row.claimable import Claimable, model_of
 from django_taskclaim.row.status import TERMINAL_STATES
 from django_taskclaim.rules import held_q
@@ -211,6 +211,26 @@ def _given_back(opts: ClaimOptions, *, keep_mark: bool) -> dict[str, Any]:
     values["attempts"] = F("attempts") - 1
     values.update(writes(opts, Change.GIVE_BACK))
     return values
+
+
+def snooze(task: Claimable, delay: float | timedelta = 0.0) -> Outcome:
+    """``processing`` → ``ready``, due after ``delay`` (database clock); the attempt not
+    counted, no error recorded, the row's steps kept. The model must have ``run_after``
+    (``ConfigurationError`` otherwise, nothing written)."""
+    opts = get_options(task)
+    if not opts.has("run_after"):
+        raise ConfigurationError(
+            f"{opts.label} has no run_after field, so a row cannot be parked until later: "
+            "add ScheduleFieldsMixin (or a run_after field) to use Snooze"
+        )
+    seconds = bounds.number(
+        delay, "snooze delay", bounds.RETRY_DELAY, seconds=True, error=ValueError
+    )
+    updates: dict[str, Any] = {"locked_until": None, "attempts": F("attempts") - 1}
+    updates.update(writes(opts, Change.SNOOZE, delay=seconds))
+    _fenced_update(task, "ready", updates)
+    task.__dict__[RETRY_IN_ATTR] = seconds
+    return Outcome.READY
 
 
 def release(task: Claimable) -> None:

@@ -29,7 +29,7 @@ from django.db import DatabaseError, connections
 from django.db.models import Model
 
 from django_taskclaim.config.options import get_options
-from django_taskclaim.exceptions import ClaimLost, Retry
+from django_taskclaim.exceptions import ClaimLost, Retry, Snooze
 from django_taskclaim.row.claimable import Claimable
 from django_taskclaim.settle.outcome import Attempt, TaskAborted, attempt, cancel_flag, settle
 from django_taskclaim.settle.transitions import RETRY_IN_ATTR, Outcome
@@ -270,7 +270,15 @@ class Executors:
                 task.attempts,
                 self.worker_id,
             )
-        if outcome is Outcome.READY and done.error is not None:
+        if outcome is Outcome.READY and isinstance(done.error, Snooze):
+            logger.info(
+                "task snoozed task=%s:%s for %.1fs (attempt not counted) worker=%s",
+                label,
+                task.pk,
+                task.__dict__.get(RETRY_IN_ATTR, 0.0),
+                self.worker_id,
+            )
+        elif outcome is Outcome.READY and done.error is not None:
             logger.info(
                 "task %s, will retry task=%s:%s (attempt %s/%s) in %.1fs worker=%s "
                 "duration=%.3fs error=%s",

@@ -179,3 +179,31 @@ def process_with_result(task):
     payload = task.payload or {}
     value = {"surrogate": "x\ud800y", "nul": "a\x00b"}.get(payload.get("poison"), "fine")
     return {"result": value} if payload.get("plain") else BatchableResult({"result": value})
+
+
+STEP_ONE = "step-one:"
+STEP_TWO = "step-two:"
+
+
+def process_in_steps(task):
+    """Two durable steps, each writing a ledger row inside the step (so the row commits
+    exactly when the step does); the first attempt SIGKILLs its own process between
+    them. The second attempt must skip step one and get its stored result."""
+    one = task.step(
+        "one",
+        lambda: (
+            Ledger.objects.create(
+                task_id=task.pk, token=task.version, worker=STEP_ONE + task.locked_by
+            ).pk
+        ),
+    )
+    if task.attempts == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    task.step(
+        "two",
+        lambda: (
+            Ledger.objects.create(
+                task_id=task.pk, token=task.version, worker=f"{STEP_TWO}{one}:{task.locked_by}"
+            ).pk
+        ),
+    )
