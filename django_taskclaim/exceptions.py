@@ -128,6 +128,24 @@ class Snooze(Exception):
         super().__init__(reason or f"snooze for {self.delay:g}s")
 
 
+class Parked(Snooze):
+    """Raised by ``task.wait_for_event()`` when it parked the row until the event: the
+    row is already written back (``ready``, due at the event or the deadline), so the
+    worker only frees the slot. Let it propagate; a body that catches it runs on
+    without a claim (its writes are fenced out)."""
+
+
+class EventTimeout(TaskClaimError):
+    """``task.wait_for_event(name, timeout)`` found the deadline passed with no event:
+    the body's to handle (catch it to go on without the event; uncaught, the attempt
+    is retried as any error). A new wait for the same name starts a new deadline."""
+
+    def __init__(self, name: str, timeout: float) -> None:
+        self.name = name
+        self.timeout = timeout
+        super().__init__(f"event {name!r} was not emitted within {timeout:g}s")
+
+
 class Fail(Exception):
     """Raise from a task body to fail the task permanently (no further retries)."""
 

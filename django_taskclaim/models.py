@@ -459,3 +459,48 @@ class TaskStep(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_model} #{self.task_pk}: step {self.name}"
+
+
+class TaskEvent(models.Model):
+    """A named event rows may wait for (``task.wait_for_event(name)``): ``emitted_at`` and
+    ``payload`` once ``emit(name, payload)`` committed (the first emit wins), or a row
+    written by the first wait, not emitted yet. Emit and wait lock this row, so a wait
+    either sees the emit or is woken by it. See docs/workflows.md, "Waiting for an
+    event"."""
+
+    name = models.CharField(_("name"), max_length=191, unique=True)
+    payload = models.JSONField(_("payload"), null=True, blank=True, encoder=DjangoJSONEncoder)
+    emitted_at = models.DateTimeField(_("emitted at"), null=True, blank=True)
+
+    class Meta:
+        app_label = "taskclaim"
+        verbose_name = _("task event")
+        verbose_name_plural = _("task events")
+
+    def __str__(self) -> str:
+        return f"{self.name} ({'emitted' if self.emitted_at else 'awaited'})"
+
+
+class TaskEventWait(models.Model):
+    """A row (``task_model``, ``task_pk``) parked until the event ``name`` is emitted or
+    ``deadline`` (database clock) passes; the emit makes the row due at once."""
+
+    name = models.CharField(_("event"), max_length=191)
+    task_model = models.CharField(_("task model"), max_length=100)
+    task_pk = models.CharField(_("task"), max_length=191)
+    deadline = models.DateTimeField(_("deadline"))
+    created_at = models.DateTimeField(_("since"), db_default=DbNow())
+
+    class Meta:
+        app_label = "taskclaim"
+        verbose_name = _("task event wait")
+        verbose_name_plural = _("task event waits")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["task_model", "task_pk", "name"], name="taskclaim_wait_once"
+            ),
+        ]
+        indexes = [models.Index(fields=["name"], name="taskclaim_wait_event")]
+
+    def __str__(self) -> str:
+        return f"{self.task_model} #{self.task_pk} waits for {self.name}"

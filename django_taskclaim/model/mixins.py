@@ -23,7 +23,7 @@ from django_taskclaim.db import DbNow
 from django_taskclaim.model.indexes import claim_indexes
 from django_taskclaim.model.queryset import ClaimQuerySet
 from django_taskclaim.row.status import Status
-from django_taskclaim.settle import outcome, steps, transitions
+from django_taskclaim.settle import events, outcome, steps, transitions
 
 
 class StatusFieldMixin(models.Model):
@@ -185,6 +185,17 @@ class ClaimableMixin(models.Model):
         value returned is always the stored one. Effects outside the database are at
         least once (docs/workflows.md, "Durable steps")."""
         return steps.run_step(self, name, fn)
+
+    def wait_for_event(self, name: str, timeout: float | timedelta) -> Any:
+        """The payload of the event ``name`` (``emit(name, payload)``), for this body.
+
+        Emitted already (before or after this row first waited): its payload, at once.
+        Otherwise the row is parked until the event or ``timeout`` after its first wait
+        (database clock), and :class:`Parked` ends this attempt (not counted; the slot
+        is freed; durable steps kept). The next run calls it again and gets the payload,
+        or :class:`EventTimeout` once the deadline passed (the body may catch it).
+        Needs ``run_after`` (docs/workflows.md, "Waiting for an event")."""
+        return events.wait_for_event(self, name, timeout)
 
     def completed_steps(self) -> dict[str, Any]:
         """The durable steps this row completed so far: name → stored result."""

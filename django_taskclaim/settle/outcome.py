@@ -24,12 +24,27 @@ from django.db import models
 from django.db.models.expressions import Combinable
 
 from django_taskclaim.config.options import ClaimOptions, get_options
-from django_taskclaim.exceptions import ClaimLost, ConfigurationError, Fail, Retry, Snooze
+from django_taskclaim.exceptions import (
+    ClaimLost,
+    ConfigurationError,
+    Fail,
+    Parked,
+    Retry,
+    Snooze,
+)
 from django_taskclaim.row.claimable import Claimable, model_of
 from django_taskclaim.rules import held_q
 from django_taskclaim.settle.batch import PENDING_ATTR, BatchableResult
 from django_taskclaim.settle.deadline import deadline_error, overdue
-from django_taskclaim.settle.transitions import Outcome, complete, fail, fenced, retry, snooze
+from django_taskclaim.settle.transitions import (
+    RETRY_IN_ATTR,
+    Outcome,
+    complete,
+    fail,
+    fenced,
+    retry,
+    snooze,
+)
 from django_taskclaim.settle.writes import _db, check_fields
 
 logger = logging.getLogger("django_taskclaim.settle.outcome")
@@ -191,6 +206,9 @@ def _record_error(task: Claimable, opts: ClaimOptions, error: BaseException) -> 
             return Outcome.FAILED
         if isinstance(error, Retry):
             return retry(task, delay=error.delay, error=error.reason or "retry requested")
+        if isinstance(error, Parked):  # wait_for_event() parked the row itself
+            task.__dict__[RETRY_IN_ATTR] = error.delay
+            return Outcome.READY
         if isinstance(error, Snooze):
             if opts.has("run_after"):
                 return snooze(task, error.delay)

@@ -207,3 +207,9 @@ def process_in_steps(task):
             ).pk
         ),
     )
+
+
+def process_after_event(task):
+    """Wait for the event ``go:<pk>`` (30 s), then complete with its payload as result."""
+    payload = task.wait_for_event(f"go:{task.pk}", 30)
+    return {"result": f"got {payload}"}
