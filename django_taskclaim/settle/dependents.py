@@ -441,3 +441,73 @@ def prerequisites(obj: models.Model, outcome: str | None = None) -> models.Query
     if outcome is not None:
         edges = edges.filter(outcome=outcome)
     return edges.order_by("pk")
+
+
+#: A waiting row held for an operator (``on_failure='hold'``): its reason starts so.
+HELD = "held"
+
+
+def stuck_dependents(
+    model: type[models.Model], using: str, *, limit: int = 1000
+) -> list[tuple[Any, str]]:
+    """Waiting rows of ``model`` that no settle will release, among the first ``limit``
+    (oldest primary keys first), each with why: it waits for nothing (every edge
+    closed, yet still ``waiting``), or an open edge's prerequisite is gone (deleted by
+    hand) or already final (written outside the library, so its settle never closed the
+    edge). Rows held for an operator (``on_failure='hold'`` after a failure) are
+    reported too, their reason starting with :data:`HELD`. Only reads."""
+    opts = get_options(model)
+    if opts.statuses.get("waiting") is None:
+        return []
+    label = label_of(model)
+    rows = model._base_manager.using(using).filter(opts.status_q("waiting"))
+    keys = [key_of(pk) for pk in rows.order_by("pk").values_list("pk", flat=True)[:limit]]
+    if not keys:
+        return []
+    edges: dict[str, list[tuple[str, str, str]]] = {key: [] for key in keys}
+    for i in range(0, len(keys), CHUNK):
+        for dkey, plabel, pkey, policy in (
+            _edges(using)
+            .filter(dependent_model=label, dependent_pk__in=keys[i : i + CHUNK], outcome=OPEN)
+            .values_list("dependent_pk", "prerequisite_model", "prerequisite_pk", "on_failure")
+        ):
+            edges[dkey].append((plabel, pkey, policy))
+    states: dict[tuple[str, str], str | None] = {}
+    wanted: dict[str, set[str]] = {}
+    for found in edges.values():
+        for plabel, pkey, _ in found:
+            wanted.setdefault(plabel, set()).add(pkey)
+    for plabel, pkeys in wanted.items():
+        try:
+            pmodel = apps.get_model(plabel)
+        except LookupError:
+            continue  # the model is gone: its edges read as prerequisites gone
+        popts = get_options(pmodel)
+        ordered = sorted(pkeys)
+        for i in range(0, len(ordered), CHUNK):
+            chunk = [_pk(pmodel, k) for k in ordered[i : i + CHUNK]]
+            for pk, status in (
+                pmodel._base_manager.using(using)
+                .filter(pk__in=chunk)
+                .values_list("pk", popts.status_field)
+            ):
+                states[(plabel, key_of(pk))] = popts.state_of(status)
+    out: list[tuple[Any, str]] = []
+    for dkey in keys:
+        found = edges[dkey]
+        if not found:
+            out.append((_pk(model, dkey), "waits for nothing: every prerequisite settled"))
+            continue
+        for plabel, pkey, policy in found:
+            state = states.get((plabel, pkey), "gone")
+            if state == "gone":
+                out.append((_pk(model, dkey), f"prerequisite {plabel} #{pkey} is gone"))
+                break
+            if state in TERMINAL_STATES:
+                if policy == "hold" and state != "done":
+                    why = f"{HELD}: prerequisite {plabel} #{pkey} ended {state}"
+                else:
+                    why = f"prerequisite {plabel} #{pkey} ended {state} without releasing it"
+                out.append((_pk(model, dkey), why))
+                break
+    return out

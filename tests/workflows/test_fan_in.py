@@ -149,3 +149,26 @@ def test_the_admin_page_of_a_large_fan_in_counts_and_names_a_few(admin_client):
     assert f"testapp.Step #{members[29].pk}" not in page  # past the first 20
     assert "(9 more)" in page
     assert TaskFanIn.objects.get().total == 30
+
+
+def test_the_doctor_names_waiting_rows_no_settle_will_release():
+    from django_taskclaim.ops.doctor import diagnose
+
+    gone, hand, held_on, fine = Step.objects.enqueue_many([{"name": n} for n in "abcd"])
+    a = Document.objects.create(title="a", after=[gone])
+    b = Document.objects.create(title="b", after=[hand])
+    c = Document.objects.create(title="c", after=[held_on], on_failure="hold")
+    Document.objects.create(title="d", after=[fine])  # waits, as it should
+    Step.objects.filter(pk=gone.pk).delete()  # deleted by hand
+    Step.objects.filter(pk=hand.pk).update(status="done")  # written outside the library
+    settle(held_on, "failed")
+    [found] = [f for f in diagnose([Document]) if f.id == "TC-D025"]
+    assert found.severity == "warning"
+    assert found.title == (
+        "2 waiting row(s) no settle will release, 1 held for an operator (on_failure='hold')"
+    )
+    assert f"#{a.pk}: prerequisite testapp.Step #{gone.pk} is gone" in found.detail
+    assert f"#{b.pk}: prerequisite testapp.Step #{hand.pk} ended done without" in found.detail
+    assert f"#{c.pk}: held: prerequisite testapp.Step #{held_on.pk} ended failed" in found.detail
+    [plain] = [f for f in diagnose([Step]) if f.id == "TC-D025"]
+    assert (plain.severity, plain.title) == ("ok", "no waiting row is stuck")

@@ -12,8 +12,8 @@ pooler in front of it, and the queue's rows. Every check and threshold is listed
   columns (:mod:`.schema`);
 - ``TC-D010`` – ``TC-D013`` claim and lease indexes, and the plans that read them
   (:mod:`.indexes`);
-- ``TC-D020`` – ``TC-D023`` queue health, ``TC-D024`` paused queues, ``TC-D030`` finished
-  rows to prune
+- ``TC-D020`` – ``TC-D023`` queue health, ``TC-D024`` paused queues, ``TC-D025`` waiting
+  rows no settle will release, ``TC-D030`` finished rows to prune
   (:mod:`.queues`).
 """
 
@@ -170,6 +170,7 @@ def _model(ctx: ModelContext) -> list[Finding]:
         (queues.NOT_REAPED, "expired leases", queues.not_reaped),
         (queues.FAILED, "failed rows", queues.failed),
         (queues.PAUSED, "paused queues", queues.paused_queues),
+        (queues.STUCK_WAITING, "stuck waiting rows", queues.stuck_waiting),
         (queues.PRUNE, "finished rows to prune", queues.prunable),
     ):
         found += guarded(check_id, what, alias, label, _one(check, ctx))

@@ -17,6 +17,7 @@ from django_taskclaim.ops.doctor.findings import Finding, duration_option, human
 from django_taskclaim.ops.figures import humanize_seconds, live_workers
 from django_taskclaim.recovery.prune import prune
 from django_taskclaim.rules import silent_after, silent_worker_q
+from django_taskclaim.settle.dependents import HELD, stuck_dependents
 
 READY_AGE, NOT_REAPED, FAILED, SILENT, PRUNE = (
     "TC-D020",
@@ -27,6 +28,10 @@ READY_AGE, NOT_REAPED, FAILED, SILENT, PRUNE = (
 )
 #: Paused queues of a model (``docs/pause.md``).
 PAUSED = "TC-D024"
+#: Waiting rows no settle will release (``docs/workflows.md``).
+STUCK_WAITING = "TC-D025"
+#: How many waiting rows :func:`stuck_waiting` looks at (the oldest).
+WAITING_LOOKED_AT = 1000
 
 
 def paused_queues(ctx: ModelContext) -> Finding:
@@ -210,4 +215,36 @@ def prunable(ctx: ModelContext) -> Finding:
         label,
         detail=detail,
         fix=f"{command} (add --dry-run to count first; schedule it, e.g. daily).",
+    )
+
+
+def stuck_waiting(ctx: ModelContext) -> Finding:
+    """``TC-D025``: ``waiting`` rows (of the oldest :data:`WAITING_LOOKED_AT`) that no
+    settle will release — a prerequisite deleted by hand or written final outside the
+    library, a row waiting for nothing — and rows held for an operator after a failed
+    prerequisite (``on_failure='hold'``). Any is a warning naming up to five."""
+    found = stuck_dependents(ctx.model, ctx.alias, limit=WAITING_LOOKED_AT)
+    if not found:
+        return Finding(STUCK_WAITING, "ok", ctx.alias, "no waiting row is stuck", ctx.label)
+    held = [pk for pk, why in found if why.startswith(HELD)]
+    stuck = [pk for pk, why in found if not why.startswith(HELD)]
+    parts = []
+    if stuck:
+        parts.append(f"{len(stuck)} waiting row(s) no settle will release")
+    if held:
+        parts.append(f"{len(held)} held for an operator (on_failure='hold')")
+    shown = "; ".join(f"#{pk}: {why}" for pk, why in found[:5])
+    return Finding(
+        STUCK_WAITING,
+        "warning",
+        ctx.alias,
+        ", ".join(parts),
+        ctx.label,
+        detail=shown + (f"; … {len(found) - 5} more" if len(found) > 5 else ""),
+        fix=(
+            "requeue the failed or deleted prerequisite's work (the admin's Retry / Requeue), "
+            "or cancel the waiting row (the admin's Cancel action); a row that waits for "
+            f"nothing: {ctx.label}.objects.filter(pk__in=[...]).update(status='ready') "
+            'and notify() (docs/workflows.md, "Operators")'
+        ),
     )
