@@ -8,6 +8,7 @@ import json
 import subprocess
 import threading
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from django.db import OperationalError, connection, connections, transaction
@@ -265,6 +266,7 @@ settings.TASKCLAIM_DB_RETRIES = 1000
 from tests.support.helpers import simulate_work, wait_for
 from tests.support.testapp.models import Document, Ledger
 
+open(out + ".ready", "w").close()  # set up: the test starts everyone at once
 wait_for(lambda: os.path.exists(go), timeout=120, interval=0.005, what="go")
 me, done, errors = f"p{os.getpid()}", [], []
 while True:
@@ -300,8 +302,16 @@ def test_fenced_waits_for_the_sqlite_write_lock_across_processes(tmp_path):
         )
         for out in outs
     ]
-    go.touch()
     try:
+        # All children set up before any starts: else the first one up drains the rows
+        # alone and nothing contends for the write lock.
+        wait_for(
+            lambda: all(Path(f"{o}.ready").exists() or c.poll() is not None
+                        for o, c in zip(outs, children, strict=True)),
+            timeout=120,
+            what="every child set up",
+        )  # fmt: skip
+        go.touch()
         logs = [c.communicate(timeout=300)[0] for c in children]
     finally:
         for c in children:
