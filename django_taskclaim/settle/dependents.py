@@ -20,9 +20,10 @@ Why a lock on the dependent's fan-in counter (``TaskFanIn``, one row per depende
 two prerequisites settling at once in two transactions each lock the counter before
 they close their edges and decrement it, so the second sees the first's decrement
 (never both "one still open": stuck; never both "none open": released twice). The
-reads are locking reads, so MariaDB's repeatable-read snapshot cannot hide the other's
-write. Only the edges being closed and the counter are read: a settle costs the same
-whatever the number of the dependent's other prerequisites (a fan-in of 100,000).
+counter's read is a locking read and the edges are closed by a conditional ``UPDATE``,
+so MariaDB's repeatable-read snapshot cannot hide the other's write. Only the edges
+being closed and the counter are read: a settle costs the same whatever the number of
+the dependent's other prerequisites (a fan-in of 100,000).
 """
 
 from __future__ import annotations
@@ -319,72 +320,89 @@ def _settle_edges(
 ) -> bool:
     """Settle the open edges from ``label`` ``keys`` to one dependent, under the lock of
     its fan-in counter; return whether the dependent was cancelled (its own dependents
-    follow). What is read and written is the edges being closed and one counter row,
-    never the dependent's other edges: the same cost for ten prerequisites or 100,000."""
+    follow). What is read and written is the counter row, the edges being closed and
+    the dependent's row, never the dependent's other edges: the same cost for ten
+    prerequisites or 100,000. The dependent's writes are conditional on its being
+    ``waiting`` (an operator may have cancelled it meanwhile)."""
     dmodel = apps.get_model(dlabel)
     dopts = get_options(dmodel)
+    mine = _edges(using).filter(
+        dependent_model=dlabel,
+        dependent_pk=dkey,
+        prerequisite_model=label,
+        prerequisite_pk__in=sorted(keys),
+        outcome=OPEN,
+    )
     counter = (
         _fan_ins(using)
         .select_for_update()
         .filter(dependent_model=dlabel, dependent_pk=dkey)
-        .values_list("pk", "open")
+        .values_list("pk", "open", "on_failure")
         .first()
     )
-    mine = list(
-        _edges(using)
-        .select_for_update()
-        .filter(
-            dependent_model=dlabel,
-            dependent_pk=dkey,
-            prerequisite_model=label,
-            prerequisite_pk__in=sorted(keys),
-            outcome=OPEN,
-        )
-        .order_by("pk")
-        .values_list("pk", "prerequisite_pk", "on_failure")
-    )
-    if not mine:
-        return False  # closed by another settle that came first
-    if counter is None:  # written before the counters: count the open edges instead
+    if counter is None:  # its counter deleted by hand: count the open edges instead
+        policy = mine.values_list("on_failure", flat=True).first()
+        if policy is None:
+            return False
         still = _edges(using).filter(dependent_model=dlabel, dependent_pk=dkey, outcome=OPEN)
-        counter = (None, still.count())
-    policy = mine[0][2]
-    rows = dmodel._base_manager.using(using).filter(pk=_pk(dmodel, dkey))
-    status = rows.select_for_update().values_list(dopts.status_field, flat=True).first()
-    waiting = rows.filter(dopts.status_q("waiting"))
-    is_waiting = status is not None and dopts.state_of(status) == "waiting"
+        counter = (None, still.count(), policy)
+    policy = counter[2]
+    waiting = dmodel._base_manager.using(using).filter(
+        dopts.status_q("waiting"), pk=_pk(dmodel, dkey)
+    )
     if state != "done" and policy == "hold":
-        if is_waiting:
-            error = _prerequisite_error(label, mine[0][1], using)
-            text = _why(label, mine[0][1], state, error, policy)
+        key = mine.values_list("prerequisite_pk", flat=True).first()
+        if key is not None:  # held: the edge stays open, the row says why
+            text = _why(label, key, state, _prerequisite_error(label, key, using), policy)
             waiting.update(**writes(dopts, Change.HOLD, error=text))
         return False
-    _edges(using).filter(pk__in=[e[0] for e in mine]).update(outcome=state, settled_at=DbNow())
-    left = counter[1] - len(mine)
-    released = is_waiting and left <= 0 and (state == "done" or policy == "run")
+    closed = mine.update(outcome=state, settled_at=DbNow())
+    if not closed:
+        return False  # closed by another settle that came first
+    released = cancelled = False
+    if state == "done" or policy == "run":
+        if counter[1] - closed <= 0:
+            released = bool(
+                waiting.update(
+                    **{
+                        dopts.status_field: dopts.value("ready"),
+                        "version": models.F("version") + 1,
+                    },
+                    **writes(dopts, Change.UNBLOCK),
+                )
+            )
+            if released:
+                notify(dmodel, using=using)  # after the commit, as for a new row
+    else:
+        key = str(
+            _edges(using)
+            .filter(
+                dependent_model=dlabel,
+                dependent_pk=dkey,
+                prerequisite_model=label,
+                prerequisite_pk__in=sorted(keys),
+                outcome=state,
+            )
+            .values_list("prerequisite_pk", flat=True)
+            .first()
+        )
+        text = _why(label, key, state, _prerequisite_error(label, key, using), policy)
+        cancelled = bool(
+            waiting.update(
+                **{
+                    dopts.status_field: dopts.value("cancelled"),
+                    "version": models.F("version") + 1,
+                },
+                **writes(dopts, Change.PREREQUISITE_FAILED, error=text),
+            )
+        )
     if counter[0] is not None:
         _fan_ins(using).filter(pk=counter[0]).update(
-            open=models.F("open") - len(mine),
-            **{state: models.F(state) + len(mine)},
+            open=models.F("open") - closed,
+            **{state: models.F(state) + closed},
             **({"released_at": DbNow()} if released else {}),
         )
-    if not is_waiting:
-        return False
-    if state == "done" or policy == "run":
-        if released:
-            waiting.update(
-                **{dopts.status_field: dopts.value("ready"), "version": models.F("version") + 1},
-                **writes(dopts, Change.UNBLOCK),
-            )
-            notify(dmodel, using=using)  # after the commit, as for a new row
-        return False
-    error = _prerequisite_error(label, mine[0][1], using)
-    text = _why(label, mine[0][1], state, error, policy)
-    waiting.update(
-        **{dopts.status_field: dopts.value("cancelled"), "version": models.F("version") + 1},
-        **writes(dopts, Change.PREREQUISITE_FAILED, error=text),
-    )
-    return dopts.dependents
+    return cancelled and dopts.dependents
 
 
 def _prerequisite_error(label: str, key: str, using: str) -> str:
