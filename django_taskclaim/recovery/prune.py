@@ -25,6 +25,7 @@ from django_taskclaim.config.options import get_options
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.recovery.archive import archive_finished
 from django_taskclaim.recovery.finished import finished_rows, older_than_age
+from django_taskclaim.settle.leftovers import delete_leftovers
 
 logger = logging.getLogger("django_taskclaim.recovery.prune")
 
@@ -121,6 +122,10 @@ def prune(
         pick = scope.order_by("pk").filter(pk__gt=pks[-1])
         _, per = model._base_manager.using(db).filter(pk__in=pks).filter(cond).delete()
         deleted += per.get(model._meta.label, 0)
+        # The workflow tables' rows of the rows deleted (a row requeued meanwhile was
+        # kept, and its rows with it: only the pks deleted are passed).
+        kept = set(model._base_manager.using(db).filter(pk__in=pks).values_list("pk", flat=True))
+        delete_leftovers(model, [pk for pk in pks if pk not in kept], db)
         logger.debug("pruned model=%s batch=%s rows=%s", opts.label, batches, len(pks))
         if len(pks) < batch_size:
             break

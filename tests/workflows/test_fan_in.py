@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection, transaction
+from django.db.models.functions import Now
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
@@ -172,3 +173,33 @@ def test_the_doctor_names_waiting_rows_no_settle_will_release():
     assert f"#{c.pk}: held: prerequisite testapp.Step #{held_on.pk} ended failed" in found.detail
     [plain] = [f for f in diagnose([Step]) if f.id == "TC-D025"]
     assert (plain.severity, plain.title) == ("ok", "no waiting row is stuck")
+
+
+def test_pruning_finished_rows_deletes_what_the_workflow_tables_kept_of_them():
+    from datetime import timedelta
+
+    from django_taskclaim.models import TaskStep
+    from django_taskclaim.recovery.prune import prune
+
+    members = Step.objects.enqueue_many([{"name": n} for n in "ab"])
+    join = Document.objects.create(title="join", after=members, on_failure="hold")
+    held = Document.objects.create(title="held", after=[members[1]], on_failure="hold")
+    settle(members[0], "done")
+    task = Step.objects.filter(pk=members[1].pk).claim_next()
+    task.step("kept while it runs", lambda: 1)
+    task.fail("broke")
+    assert TaskStep.objects.count() == 1
+    Step.objects.update(finished_at=Now() - timedelta(days=30))
+    assert prune(Step, older_than=timedelta(days=7), states=("done", "failed")) == 2
+    assert not TaskStep.objects.exists()
+    # closed edges from the pruned rows are gone; the open (held) ones stay, for the doctor
+    assert list(TaskDependency.objects.values_list("dependent_pk", "outcome")) == [
+        (str(join.pk), ""),
+        (str(held.pk), ""),
+    ]
+    Document.objects.filter(pk__in=[join.pk, held.pk]).update(
+        status="cancelled", finished_at=Now() - timedelta(days=30)
+    )
+    assert prune(Document, older_than=timedelta(days=7)) == 2
+    assert not TaskDependency.objects.exists()
+    assert not TaskFanIn.objects.exists()
