@@ -17,9 +17,9 @@ from django.utils.translation import gettext_lazy as _
 
 from django_taskclaim.admin.display import humanize_seconds
 from django_taskclaim.config.settings import taskclaim_settings
-from django_taskclaim.models import TaskAttempt, TaskStep
+from django_taskclaim.models import TaskAttempt, TaskEventWait, TaskStep
 
-__all__ = ["attempt_table", "has_steps", "step_table"]
+__all__ = ["attempt_table", "event_waits", "has_steps", "step_table"]
 
 #: Attempts shown on a page at most (the journal keeps ``TASKCLAIM_ATTEMPTS_KEPT``).
 SHOWN = 50
@@ -122,3 +122,12 @@ def step_table(obj: Any) -> str:
         _("result"),
         body,
     )
+
+
+def event_waits(obj: Any) -> list[tuple[str, Any]]:
+    """The events row ``obj`` is parked for: (name, deadline), one indexed query."""
+    label = (type(obj)._meta.concrete_model or type(obj))._meta.label
+    rows = TaskEventWait.objects.using(obj._state.db or "default").filter(
+        task_model=label, task_pk=str(obj.pk)
+    )
+    return list(rows.order_by("deadline").values_list("name", "deadline"))

@@ -13,12 +13,12 @@ from django.db import models
 from django.http import HttpRequest, HttpResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils import dateformat, timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
 from django_taskclaim.admin.actions import ClaimActionsMixin
-from django_taskclaim.admin.attempts import attempt_table, has_steps, step_table
+from django_taskclaim.admin.attempts import attempt_table, event_waits, has_steps, step_table
 from django_taskclaim.admin.display import (
     NOW_ANNOTATION,
     STYLESHEET,
@@ -82,6 +82,7 @@ READONLY_CLAIM_FIELDS = (
     "prerequisites",
     "attempt_history",
     "durable_steps",
+    "awaited_events",
 )
 #: The fields of :data:`READONLY_CLAIM_FIELDS` shown only while a row is held.
 HELD_ONLY_FIELDS = ("current_holder", "lease_details")
@@ -185,7 +186,7 @@ class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin, RuntimeColumnMixin):
             return need == "status" or self.claim_options.has(need)
         if name == "error_details":
             return self.claim_options.has("last_error")
-        if name in ("attempt_history", "durable_steps"):
+        if name in ("attempt_history", "durable_steps", "awaited_events"):
             return True
         if name == "prerequisites":
             return self.claim_options.statuses.get("waiting") is not None
@@ -221,6 +222,7 @@ class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin, RuntimeColumnMixin):
         last holder of any other row, neither on the add page."""
         if obj is None:
             skip = {"last_holder", "attempt_history", "prerequisites", "durable_steps"}
+            skip.add("awaited_events")
             skip.update(HELD_ONLY_FIELDS)
         elif self._state(obj) == "processing":
             skip = {"last_holder", "prerequisites"}
@@ -230,6 +232,8 @@ class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin, RuntimeColumnMixin):
             skip.add("prerequisites")  # only a waiting row waits for any
         if obj is not None and not has_steps(obj):
             skip.add("durable_steps")  # a body that uses no steps: nothing to show
+        if obj is not None and (self._state(obj) != "ready" or not event_waits(obj)):
+            skip.add("awaited_events")  # only a parked (ready) row waits for an event
         return [f for f in READONLY_CLAIM_FIELDS if f not in skip]
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -372,6 +376,22 @@ class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin, RuntimeColumnMixin):
         )
         head = f"{counts.open:,} of {counts.total:,} open" + (f" ({ended})" if ended else "")
         return f"{head}: {names}" if names else head
+
+    @admin.display(description=_("waiting for event"))
+    def awaited_events(self, obj: Any) -> str:
+        """The events this row is parked for, each until its deadline (database clock)."""
+        found = event_waits(obj)
+        return (
+            format_html_join(
+                ", ",
+                "<code>{}</code> (until {})",
+                (
+                    (name, timezone.localtime(when).strftime("%Y-%m-%d %H:%M:%S"))
+                    for name, when in found
+                ),
+            )
+            or "—"
+        )
 
     @admin.display(description=_("completed steps"))
     def durable_steps(self, obj: Any) -> str:

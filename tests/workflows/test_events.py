@@ -249,3 +249,18 @@ def test_a_worker_runs_parked_rows_once_their_events_are_emitted(procs):
     for row in rows:
         done = Document.objects.get(pk=row.pk)
         assert (done.result, done.attempts) == (f"got {row.pk}", 1)
+
+
+def test_the_admin_page_of_a_parked_row_names_its_event(admin_client):
+    from django.urls import reverse
+
+    doc = Document.objects.create(title="t")
+    run_task(Document.objects.claim_next(), waits_for("approved:7"))
+    page = admin_client.get(reverse("admin:testapp_document_change", args=[doc.pk]))
+    text = page.content.decode()
+    assert "Waiting for event" in text
+    assert "<code>approved:7</code> (until " in text
+    emit("approved:7")
+    run_task(Document.objects.claim_next(), waits_for("approved:7"))
+    done = admin_client.get(reverse("admin:testapp_document_change", args=[doc.pk]))
+    assert "Waiting for event" not in done.content.decode()

@@ -8,10 +8,20 @@ database the suite runs on:
 - no callback was released before the last member's settle committed, nor claimed
   before its release (``TaskFanIn.released_at``, ``claimed_at``, ``finished_at``);
 - every fan-in counter ends exact (done and failed as the members ended, none open);
+- every link of the chains ran after its prerequisite's settle (database clock);
 - nothing lost, nothing stuck.
+
+The suite runs 60 groups, 3 chains of 20 and 3 workers for about 12 s of kills. The
+issue's scale (2,000 groups of 10 and chains of 20, 6 workers) is the same test with
+``TASKCLAIM_FANIN_GROUPS=2000 TASKCLAIM_FANIN_CHAINS=10 TASKCLAIM_FANIN_WORKERS=6
+TASKCLAIM_FANIN_CALLBACK_SLEEP=0 TASKCLAIM_FANIN_KILL_SECONDS=3600`` (kills until the
+end; docs/workflows.md gives its last results).
 """
 
 from __future__ import annotations
+
+import os
+import time
 
 import pytest
 from django.db.models import Max
@@ -24,12 +34,20 @@ from tests.support.worker_procs import WorkerProc, kill_repeatedly, stop_all
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-GROUPS = 60
+GROUPS = int(os.environ.get("TASKCLAIM_FANIN_GROUPS", "60"))
+CHAINS = int(os.environ.get("TASKCLAIM_FANIN_CHAINS", "3"))
+LINKS = 20
+WORKERS = int(os.environ.get("TASKCLAIM_FANIN_WORKERS", "3"))
+#: Seconds of kills (they stop earlier once everything finished).
+KILLING = float(os.environ.get("TASKCLAIM_FANIN_KILL_SECONDS", "12"))
 MEMBERS = 10  # the last member of each group fails: the callback runs anyway ('run')
 #: Each callback takes 0.5 s, then writes its ledger row and completes in one fenced
 #: transaction: 60 of them keep the six slots busy for 5 s at least, so the kills (one
 #: every 1.5-2.5 s) land while callbacks run, however fast the machine.
-CALLBACK = {"sleep": 0.5, "ledger": True}
+CALLBACK = {
+    "sleep": float(os.environ.get("TASKCLAIM_FANIN_CALLBACK_SLEEP", "0.5")),
+    "ledger": True,
+}
 
 
 @pytest.fixture
@@ -66,18 +84,31 @@ def test_a_killed_fleet_runs_every_callback_exactly_once_after_its_members(procs
             title=f"join {g}", payload=CALLBACK, after=members, on_failure="run"
         )
         groups[callback.pk] = [m.pk for m in members]
-    total = GROUPS * (MEMBERS + 1)
+    links: list[tuple[int, int]] = []
+    for c in range(CHAINS):
+        row = Step.objects.create(name=f"chain {c}-0")
+        for i in range(1, LINKS):
+            nxt = Step.objects.create(name=f"chain {c}-{i}", after=[row])
+            links.append((row.pk, nxt.pk))
+            row = nxt
+    total = GROUPS * (MEMBERS + 1) + CHAINS * LINKS
+    began = time.monotonic()
 
     def finished() -> int:
         steps = Step.objects.filter(status__in=["done", "failed"]).count()
         return steps + Document.objects.filter(status="done").count()
 
-    alive = [worker(procs) for _ in range(3)]
+    alive = [worker(procs) for _ in range(WORKERS)]
     kills = kill_repeatedly(
-        alive, lambda: worker(procs), seconds=12, done=lambda: finished() == total, seed=20261128
+        alive,
+        lambda: worker(procs),
+        seconds=KILLING,
+        done=lambda: finished() == total,
+        seed=20261128,
     )
-    wait_for(lambda: finished() == total, timeout=180, interval=0.25,
+    wait_for(lambda: finished() == total, timeout=180 + total / 20, interval=0.25,
              what="every member and callback finished")  # fmt: skip
+    drained = time.monotonic() - began
     for w in alive:
         assert w.stop() == 0, w.stderr()[-3000:]
 
@@ -100,5 +131,13 @@ def test_a_killed_fleet_runs_every_callback_exactly_once_after_its_members(procs
         assert callback.claimed_at is not None
         assert callback.claimed_at >= counter.released_at
         assert key_of(pk) == counter.dependent_pk
+    steps = dict(Step.objects.filter(pk__in=[p for link in links for p in link])
+                 .values_list("pk", "finished_at"))  # fmt: skip
+    claimed = dict(Step.objects.filter(pk__in=[b for _, b in links])
+                   .values_list("pk", "claimed_at"))  # fmt: skip
+    for before, after in links:
+        assert claimed[after] >= steps[before], (before, after)
     assert not Step.objects.exclude(status__in=["done", "failed"]).exists()
+    print(f"{total:,} rows ({GROUPS:,} groups of {MEMBERS}, {CHAINS} chains of {LINKS}), "
+          f"{WORKERS} workers, {kills} killed, drained in {drained:.0f} s")  # fmt: skip
     assert kills >= 2, f"only {kills} workers killed: the fleet drained before the chaos"
