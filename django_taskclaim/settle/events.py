@@ -29,7 +29,7 @@ from django.db.models import F
 from django_taskclaim.config import bounds
 from django_taskclaim.config.options import get_options
 from django_taskclaim.db import DbNow
-from django_taskclaim.exceptions import ConfigurationError, EventTimeout, Parked
+from django_taskclaim.exceptions import EventTimeout, Parked
 from django_taskclaim.settle import transitions
 from django_taskclaim.wakeup.notify import notify
 
@@ -108,12 +108,7 @@ def wait_for_event(task: Any, name: str, timeout: float | timedelta) -> Any:
     calls it again: the payload then, or :class:`EventTimeout` past the deadline, which
     the body may catch. The model needs ``run_after``."""
     name = _check_name(name)
-    opts = get_options(task)
-    if not opts.has("run_after"):
-        raise ConfigurationError(
-            f"{opts.label} has no run_after field, so a row cannot wait for an event: add "
-            "ScheduleFieldsMixin (or a run_after field)"
-        )
+    transitions.require_run_after(get_options(task), "wait for an event")
     seconds = bounds.number(
         timeout, "event timeout", bounds.RETRY_DELAY, seconds=True, error=ValueError
     )

@@ -213,16 +213,22 @@ def _given_back(opts: ClaimOptions, *, keep_mark: bool) -> dict[str, Any]:
     return values
 
 
+def require_run_after(opts: ClaimOptions, what: str) -> None:
+    """``ConfigurationError`` unless ``opts``'s model has ``run_after``: a row of it cannot
+    ``what`` without a due time."""
+    if not opts.has("run_after"):
+        raise ConfigurationError(
+            f"{opts.label} has no run_after field, so a row cannot {what}: add "
+            "ScheduleFieldsMixin (or a run_after field)"
+        )
+
+
 def snooze(task: Claimable, delay: float | timedelta = 0.0) -> Outcome:
     """``processing`` → ``ready``, due after ``delay`` (database clock); the attempt not
     counted, no error recorded, the row's steps kept. The model must have ``run_after``
     (``ConfigurationError`` otherwise, nothing written)."""
     opts = get_options(task)
-    if not opts.has("run_after"):
-        raise ConfigurationError(
-            f"{opts.label} has no run_after field, so a row cannot be parked until later: "
-            "add ScheduleFieldsMixin (or a run_after field) to use Snooze"
-        )
+    require_run_after(opts, "be parked until later (Snooze)")
     seconds = bounds.number(
         delay, "snooze delay", bounds.RETRY_DELAY, seconds=True, error=ValueError
     )

@@ -19,7 +19,7 @@ from django_taskclaim import EventTimeout, emit, run_task
 from django_taskclaim.models import TaskEvent, TaskEventWait
 from tests.support.helpers import wait_for
 from tests.support.testapp.models import Document, Job
-from tests.support.worker_procs import WorkerProc, stop_all
+from tests.support.worker_procs import WorkerProc
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -223,13 +223,6 @@ def _race(wait, send) -> object:
         t.join(timeout=60)
     assert set(out) == {"wait", "send"}, "a side of the race failed"
     return out["wait"]
-
-
-@pytest.fixture
-def procs():
-    started: list[WorkerProc] = []
-    yield started
-    stop_all(started)
 
 
 def test_a_worker_runs_parked_rows_once_their_events_are_emitted(procs):

@@ -30,7 +30,7 @@ from django_taskclaim.models import TaskFanIn
 from django_taskclaim.settle.dependents import key_of
 from tests.support.helpers import wait_for
 from tests.support.testapp.models import Document, Ledger, Step
-from tests.support.worker_procs import WorkerProc, kill_repeatedly, stop_all
+from tests.support.worker_procs import WorkerProc, kill_repeatedly
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -48,13 +48,6 @@ CALLBACK = {
     "sleep": float(os.environ.get("TASKCLAIM_FANIN_CALLBACK_SLEEP", "0.5")),
     "ledger": True,
 }
-
-
-@pytest.fixture
-def procs():
-    started: list[WorkerProc] = []
-    yield started
-    stop_all(started)
 
 
 def worker(procs: list[WorkerProc]) -> WorkerProc:

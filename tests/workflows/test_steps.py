@@ -17,7 +17,7 @@ from django_taskclaim.models import TaskStep
 from tests.support.helpers import wait_for
 from tests.support.testapp.models import Document, Job, Ledger
 from tests.support.worker_handlers import STEP_ONE, STEP_TWO
-from tests.support.worker_procs import WorkerProc, stop_all
+from tests.support.worker_procs import WorkerProc
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -146,13 +146,6 @@ def test_snooze_on_a_model_without_run_after_is_retried_with_a_clear_error():
 def test_a_bad_snooze_delay_is_refused_where_it_is_raised(delay):
     with pytest.raises(ValueError, match="Snooze delay must"):
         Snooze(delay)
-
-
-@pytest.fixture
-def procs():
-    started: list[WorkerProc] = []
-    yield started
-    stop_all(started)
 
 
 def test_a_worker_killed_between_steps_runs_the_next_attempt_from_the_second_step(procs):

@@ -8,19 +8,12 @@ import pytest
 
 from tests.support.helpers import wait_for
 from tests.support.testapp.models import Document, Step
-from tests.support.worker_procs import WorkerProc, stop_all
+from tests.support.worker_procs import WorkerProc
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CHAINS = 6
 LENGTH = 4  # three Steps, then a Document
-
-
-@pytest.fixture
-def procs():
-    started: list[WorkerProc] = []
-    yield started
-    stop_all(started)
 
 
 def test_worker_processes_drain_chains_each_row_after_its_prerequisite(procs):
