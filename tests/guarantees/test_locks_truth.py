@@ -87,14 +87,16 @@ def test_held_turns_false_before_anyone_else_can_take_it_even_if_renewal_hangs()
     be taken, and leaving the block does not hang on the renewer."""
     skip_without_row_locks()  # before the renewer starts: a skip must not leak its thread
     lock = LeaseLock("hung", 1.0, auto_renew=0.2)
-    sent = time.monotonic()  # no later than the send of the acquiring statement
+    before = time.monotonic()  # no later than the send of the acquiring statement
     lock.__enter__()
+    entered = time.monotonic()  # no earlier than it
+    deadline = lock.state.deadline
     renewer = lock._renewer
     assert renewer is not None
     release, locker = row_locker("hung")
     try:
         wait_for(lambda: not lock.held, timeout=5, what="held to turn False")
-        turned = time.monotonic()
+        assert lock.state.deadline == deadline  # no renewal landed: the hung one changed nothing
         assert lock.lost
         with pytest.raises(LockLost, match="was lost"):
             lock.check()
@@ -109,9 +111,14 @@ def test_held_turns_false_before_anyone_else_can_take_it_even_if_renewal_hangs()
         # outlive the test (a leaked thread would touch the next test's database).
         renewer.join(30)
     assert not renewer.is_alive()
-    # The holder knew before the lease could end (send + ttl): the database could not
-    # hand it over earlier. (wait_for polls every 20 ms, well inside the 100 ms margin.)
-    assert turned - sent < 1.0 - safety_margin(1.0) + 0.05
+    # The holder knew before the lease could end (send + ttl): ``held`` is False from the
+    # local deadline on (``LeaseState.held``), and that deadline comes a safety margin
+    # before send + ttl. Read from the lock, not from when a poll noticed (a late poll
+    # measured the machine's load, not the lock): the deadline is counted from the send
+    # (between ``before`` and ``entered``; 50 ms allowed for what runs before the send),
+    # not from the reply.
+    assert deadline <= entered + 1.0 - safety_margin(1.0)
+    assert deadline - before < 1.0 - safety_margin(1.0) + 0.05
     taker = LeaseLock("hung", 30)
     wait_for(taker.acquire, timeout=10, what="the lease to become free")
 
