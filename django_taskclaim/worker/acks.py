@@ -78,14 +78,15 @@ class Acks:
     def enabled(self) -> bool:
         return self.window > 0
 
-    def flush(self, *, due_only: bool = False) -> None:
+    def flush(self, *, due_only: bool = False) -> int:
         """Write the buffered completions (with ``due_only``: only once the oldest has
-        waited ``window`` or the buffer is full). A connection error is retried with
-        backoff until the worker halts; the write is fenced and its outcome checked, so
-        a repeat is harmless. Another error: written one by one."""
+        waited ``window`` or the buffer is full); return how many were taken to write.
+        A connection error is retried with backoff until the worker halts; the write is
+        fenced and its outcome checked, so a repeat is harmless. Another error: written
+        one by one."""
         tasks = self.ledger.take_acks(window=self.window if due_only else None, size=self.size)
         if not tasks:
-            return
+            return 0
         try:
             lost = self._write(tasks)
         finally:
@@ -104,6 +105,7 @@ class Acks:
                         task.attempts,
                         self.worker_id,
                     )
+        return len(tasks)
 
     def _write(self, tasks: list[Any]) -> list[Any] | None:
         """Write ``tasks``' completions, batched; return those not completed (None: the

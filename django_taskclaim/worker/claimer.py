@@ -116,9 +116,12 @@ class Claimer(threading.Thread):
                 self._finish()
                 return
             # Rows in flight while this claim runs may be made ready again meanwhile (a
-            # retry written as an executor settles): an empty claim ends a burst only if
-            # nothing was in flight when it started.
+            # retry written as an executor settles), and a completion written meanwhile
+            # may release rows that waited for it: an empty claim ends a burst only if
+            # nothing was in flight or unwritten when it started.
             busy = self.ledger.in_flight()
+            if self.config.burst:
+                busy += self.ledger.unwritten()
             drop_stale()  # dead since an outage another thread saw: reconnect, not fail
             try:
                 # A pause committed a poll interval ago is in what this claim sees.
@@ -140,7 +143,10 @@ class Claimer(threading.Thread):
                 self._claims_done()
                 continue
             self._claims_done()
-            self.acks.flush()  # nothing to claim: no reason to keep completions waiting
+            # Nothing to claim: no reason to keep completions waiting. Writing them may
+            # have released rows that waited for them (after=): look again first.
+            if self.acks.flush():
+                continue
             if self.rate_wait is not None:  # held back by a rate limit: wait for its slot
                 self.wake.wait(min(poll, self.rate_wait))
                 self.wake.clear()
@@ -176,6 +182,8 @@ class Claimer(threading.Thread):
         if busy or self.ledger.in_flight():
             while not self.stopping.is_set() and not self.ledger.wait_until_idle(poll):
                 pass
+            while not self.stopping.is_set() and not self.ledger.wait_written(poll):
+                pass  # an executor's write under way: what it releases is seen next
             return None
         try:
             return self.config.until_empty and self.work_left()

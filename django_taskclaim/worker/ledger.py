@@ -145,6 +145,12 @@ class Ledger:
         with self._lock:
             return len(self._claimed) + len(self._running)
 
+    def unwritten(self) -> int:
+        """Completions buffered or being written in this process: writes still to come,
+        each of which may release rows that wait for it (``after=``)."""
+        with self._lock:
+            return len(self._acks) + len(self._writing)
+
     def wait_written(self, timeout: float) -> bool:
         """Block until no completion taken by a writer is still being written (or
         ``timeout``); return whether so. A recovered row starts only once the rows run

@@ -60,3 +60,24 @@ def test_worker_processes_drain_chains_each_row_after_its_prerequisite(procs):
         assert then.claimed_at is not None
         assert then.claimed_at >= first.finished_at, (first, then)
         assert then.attempts == 1
+
+
+def test_one_burst_drains_a_chain_its_own_completions_release(procs):
+    # A --burst worker stops when a claim finds nothing: the completions it writes after
+    # that claim (batched) may have released rows, which it must look for first.
+    for attempt in range(3):
+        row = Step.objects.create(name=f"burst {attempt}-0")
+        for i in range(1, 6):
+            row = Step.objects.create(name=f"burst {attempt}-{i}", after=[row])
+        fan = Document.objects.create(
+            title=f"burst fan {attempt}",
+            after=[Step.objects.create(name=f"burst {attempt} m{k}") for k in range(4)],
+        )
+        worker = WorkerProc("testapp.Step", "testapp.Document", "--burst", "--concurrency", "2")
+        procs.append(worker)
+        assert worker.wait(timeout=120) == 0, worker.stderr()[-3000:]
+        left = list(Step.objects.exclude(status="done").values_list("name", "status")) + list(
+            Document.objects.exclude(status="done").values_list("title", "status")
+        )
+        assert left == [], f"round {attempt}: one burst left {left}"
+        assert Document.objects.get(pk=fan.pk).status == "done"
