@@ -161,6 +161,7 @@ if [ -n "${TASKCLAIM_TESTS:-}" ]; then
 fi
 TASKS_TESTS=(-q --ds=tests.support.settings_tasks tests/contrib/tasks/test_tasks_backend.py
   tests/contrib/tasks/test_tasks_backend_worker.py tests/contrib/tasks/test_seams_tasks_backend.py
+  tests/contrib/tasks/test_tasks_workflows.py
   tests/ops/test_metrics_queues.py tests/unit/test_public_api.py)
 # SQLite: one file, one writer at a time; its tests start no fleets that need a server.
 sqlite_x=()

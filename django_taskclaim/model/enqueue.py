@@ -151,12 +151,18 @@ def create_after(
     model = queryset.model
     if model._meta.proxy:
         model = model._meta.concrete_model
-    opts = get_options(model)
-    using = queryset.db
-    obj = model(**fields)
+    return insert_after(model, model(**fields), after, on_failure, queryset.db)
+
+
+def insert_after(
+    model: type[models.Model], obj: Any, after: Any, on_failure: str, using: str
+) -> Any:
+    """Insert the unsaved ``obj`` of ``model`` waiting for the rows ``after``, with its
+    edges, in one transaction (see :func:`create_after`); return it. Raises
+    :class:`~django_taskclaim.exceptions.DependencyError` before anything is written."""
     with transaction.atomic(using=using):
         plan = plan_after(model, after, using, on_failure=on_failure, rows=[obj])
-        plan.apply(opts, obj)
+        plan.apply(get_options(model), obj)
         obj.save(force_insert=True, using=using)  # a ready row notifies from post_save
         write_edges(plan, model, [obj], using)
     return obj

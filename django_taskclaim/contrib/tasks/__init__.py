@@ -7,6 +7,10 @@ Add ``"django_taskclaim.contrib.tasks"`` to ``INSTALLED_APPS`` and point ``TASKS
 Unique enqueue: :func:`enqueue_unique` (``enqueue_unique(task, key, *args, **kwargs)``)
 enqueues unless a ready or processing task has the same key; see ``docs/unique.md``.
 
+Workflows (``docs/workflows.md``): ``my_task.after(*results).enqueue(...)`` waits for
+other tasks; inside a task body :func:`step`, :func:`wait_for_event`, :func:`fan_in` and
+:func:`prerequisite_results` work on the running task's row.
+
 On Django < 6.0 importing this package raises ``ImproperlyConfigured`` with the reason:
 ``django.tasks`` does not exist there, and the ``django-tasks`` backport is not supported.
 """
@@ -23,9 +27,34 @@ _LAZY = {
     "enqueue_unique": "django_taskclaim.contrib.tasks.backend",
     "aenqueue_unique": "django_taskclaim.contrib.tasks.backend",
     "unique_key_for": "django_taskclaim.contrib.tasks.arguments",
+    **{
+        name: "django_taskclaim.contrib.tasks.workflows"
+        for name in (
+            "astep",
+            "await_event",
+            "completed_steps",
+            "fan_in",
+            "forget_steps",
+            "prerequisite_results",
+            "step",
+            "wait_for_event",
+        )
+    },
 }
 
-__all__ = ["aenqueue_unique", "enqueue_unique", "unique_key_for"]
+__all__ = [
+    "aenqueue_unique",
+    "astep",
+    "await_event",
+    "completed_steps",
+    "enqueue_unique",
+    "fan_in",
+    "forget_steps",
+    "prerequisite_results",
+    "step",
+    "unique_key_for",
+    "wait_for_event",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.apps import apps
-from django.db import DatabaseError, router
-from django.tasks import Task, TaskResult
+from django.db import DatabaseError, models, router
+from django.tasks import Task, TaskResult, task_backends
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
@@ -35,6 +35,7 @@ from django_taskclaim.contrib.tasks.backend_options import (
     retry_settings,
     setting_problems,
 )
+from django_taskclaim.contrib.tasks.exceptions import InvalidTaskDependency
 from django_taskclaim.contrib.tasks.results import to_result
 from django_taskclaim.contrib.tasks.validation import (
     check_priority,
@@ -43,7 +44,10 @@ from django_taskclaim.contrib.tasks.validation import (
     max_attempts_value,
 )
 from django_taskclaim.db import DbNow, retry_transient
+from django_taskclaim.exceptions import DependencyError
+from django_taskclaim.model.enqueue import insert_after
 from django_taskclaim.model.unique_insert import insert_unique
+from django_taskclaim.settle.dependents import POLICIES
 
 if TYPE_CHECKING:
     from django_taskclaim.contrib.tasks.models import QueuedTask
@@ -61,6 +65,63 @@ class ClaimTask(Task):
     """
 
     max_attempts: int | None = None
+    #: The rows this task's enqueue waits for (:meth:`after`); empty: none.
+    prerequisites: tuple[Any, ...] = ()
+    #: What a prerequisite that ends failed or cancelled does to it (:meth:`after`).
+    on_failure: str = "cancel"
+
+    def after(self, *prerequisites: Any, on_failure: str = "cancel") -> ClaimTask:
+        """A copy of this task whose ``enqueue()`` stores a task that waits for
+        ``prerequisites``: ``TaskResult``s of a ``TaskClaimBackend``, saved rows of a
+        claimable model with ``ClaimMeta.dependents``, or lists of them.
+
+        The waiting task is READY to Django but never claimed before every prerequisite
+        has settled; the settle of the last one releases it in its own transaction.
+        ``on_failure`` (``"cancel"``, ``"run"`` or ``"hold"``) says what a prerequisite
+        that ends failed or cancelled does (docs/workflows.md). The prerequisites are
+        checked and locked at enqueue, in the enqueue's transaction;
+        ``InvalidTaskDependency`` (an ``InvalidTask``) means nothing was written.
+        """
+        if on_failure not in POLICIES:
+            raise InvalidTaskDependency(
+                f"on_failure must be one of {', '.join(POLICIES)}, got {on_failure!r}"
+            )
+        rows = tuple(prerequisite_rows(prerequisites))
+        return replace(self, prerequisites=rows, on_failure=on_failure)
+
+
+def prerequisite_rows(items: Iterable[Any]) -> list[models.Model]:
+    """``after()``'s prerequisites as rows: a ``TaskResult`` of a ``TaskClaimBackend``
+    becomes its ``QueuedTask`` (by id, on its backend's database), a model instance is
+    kept, a list or tuple of either is flattened once. Anything else raises
+    :class:`~.exceptions.InvalidTaskDependency`; whether the rows exist is checked at
+    enqueue, in its transaction."""
+    out: list[models.Model] = []
+    for item in items:
+        if isinstance(item, list | tuple | models.QuerySet):
+            out.extend(prerequisite_rows(list(item)))
+            continue
+        if isinstance(item, models.Model):
+            out.append(item)
+            continue
+        if not isinstance(item, TaskResult):
+            raise InvalidTaskDependency(
+                f"after() takes TaskResults of a TaskClaimBackend or saved rows of a claimable "
+                f"model, got {item!r:.200}"
+            )
+        backend = item.backend
+        owner = task_backends[backend] if isinstance(backend, str) else backend
+        if not isinstance(owner, TaskClaimBackend):
+            raise InvalidTaskDependency(
+                f"after() holds a result of backend {backend!r} ({type(owner).__name__}), "
+                "which does not store its tasks as rows: only a TaskClaimBackend's results "
+                "can be waited for"
+            )
+        row = owner.model(pk=item.id)
+        row._state.adding = False
+        row._state.db = owner.database
+        out.append(row)
+    return out
 
 
 def enqueue_unique(task: Task, key: str | None, /, *args: Any, **kwargs: Any) -> TaskResult:
@@ -265,11 +326,31 @@ class TaskClaimBackend(BaseTaskBackend):
         args_json, kwargs_json = encode_arguments(task, args, kwargs)
         row = self._new_row(task, args_json, kwargs_json)
         using = self.database
+        prerequisites = getattr(task, "prerequisites", ())
         with self._migrated(using):
-            retry_transient(
-                lambda: row.save(using=using, force_insert=True), using, what="enqueue task"
-            )
+            if prerequisites:
+                self._insert_after(row, prerequisites, getattr(task, "on_failure", "cancel"))
+            else:
+                retry_transient(
+                    lambda: row.save(using=using, force_insert=True), using, what="enqueue task"
+                )
         return self._enqueued(row, task)
+
+    def _insert_after(self, row: QueuedTask, prerequisites: tuple[Any, ...], policy: str) -> None:
+        """Insert ``row`` waiting for ``prerequisites`` (``ClaimTask.after``), its edges in
+        the same transaction; ``InvalidTaskDependency`` and nothing written if they cannot
+        be recorded."""
+        using = self.database
+        try:
+            retry_transient(
+                lambda: insert_after(type(row), row, list(prerequisites), policy, using),
+                using,
+                what="enqueue task",
+            )
+        except DependencyError as exc:
+            if isinstance(exc, InvalidTaskDependency):
+                raise
+            raise InvalidTaskDependency(str(exc)) from None
 
     def enqueue_unique(
         self, task: Task, key: str | None, args: Any, kwargs: Any
@@ -285,6 +366,11 @@ class TaskClaimBackend(BaseTaskBackend):
         ``task_enqueued`` is sent only when a row was created.
         """
         self.validate_task(task)
+        if getattr(task, "prerequisites", ()):
+            raise InvalidTaskDependency(
+                f"enqueue_unique() of {task.module_path}: a task enqueued after() other "
+                "tasks cannot be unique (a waiting task holds no key); use enqueue()"
+            )
         args_json, kwargs_json = encode_arguments(task, args, kwargs)
         key = unique_key_for(task, args_json, kwargs_json) if key is None else key
         check_key(key)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.tasks.exceptions import InvalidTask
 
+from django_taskclaim.exceptions import DependencyError, TaskClaimError
+
 
 class InvalidTaskArguments(InvalidTask, TypeError):
     """The arguments of an enqueued task cannot be stored as JSON.
@@ -40,3 +42,15 @@ class ArgumentsUndecodable(ValueError):
 
 class ReturnValueNotSerializable(TypeError):
     """The task returned a value that cannot be stored as JSON."""
+
+
+class InvalidTaskDependency(InvalidTask, DependencyError):
+    """A task's ``after()`` cannot be recorded: a prerequisite that is not a saved row or
+    a ``TaskResult`` of a ``TaskClaimBackend``, gone, on another database, or a bad
+    ``on_failure``. Both Django's :class:`~django.tasks.exceptions.InvalidTask` and the
+    core's :class:`~django_taskclaim.exceptions.DependencyError`; nothing was written."""
+
+
+class NotInTaskBody(TaskClaimError, RuntimeError):
+    """A workflow call (``step()``, ``wait_for_event()``, ``fan_in()``…) made outside a
+    task body run by a ``TaskClaimBackend`` worker: it has no row to work on."""

@@ -101,6 +101,7 @@ class QueuedTask(ClaimableModel):
     class ClaimMeta:
         handler = "django_taskclaim.contrib.tasks.runner.execute"
         max_attempts = MAX_ATTEMPTS_CEILING
+        dependents = True  # ClaimTask.after(): a task may wait for others
 
     class Meta:
         verbose_name = _("queued task")
@@ -112,6 +113,12 @@ class QueuedTask(ClaimableModel):
                 fields=["queue_name", "-priority", "created_at"],
                 condition=models.Q(status=Status.READY.value),
                 name="tctask_queue_claim",
+            ),
+            # The metrics' count of tasks waiting for others (after()): only those rows.
+            models.Index(
+                fields=["created_at"],
+                condition=models.Q(status=Status.WAITING.value),
+                name="tctask_waiting",
             ),
         ]
         constraints = [

@@ -18,6 +18,7 @@ from django_taskclaim.contrib.tasks.exceptions import TaskUnavailable
 #: Logical claim state of a row -> status of its ``TaskResult``.
 STATUS_MAP = {
     "ready": TaskResultStatus.READY,
+    "waiting": TaskResultStatus.READY,  # after(): not claimed before its prerequisites
     "processing": TaskResultStatus.RUNNING,
     "done": TaskResultStatus.SUCCESSFUL,
     "failed": TaskResultStatus.FAILED,
@@ -147,8 +148,8 @@ def error_entries(row: Any) -> list[TaskError]:
 def to_result(row: Any, *, task: Task | None = None, now: datetime | None = None) -> TaskResult:
     """Map a ``QueuedTask`` row to the ``TaskResult`` Django's API returns.
 
-    ``ready`` → READY, ``processing`` → RUNNING, ``done`` → SUCCESSFUL, ``failed`` and
-    ``cancelled`` → FAILED. ``attempts`` is the number of attempts started (one
+    ``ready`` and ``waiting`` → READY, ``processing`` → RUNNING, ``done`` → SUCCESSFUL,
+    ``failed`` and ``cancelled`` → FAILED. ``attempts`` is the number of attempts started (one
     worker id each); ``errors`` holds one entry per failed or lost attempt.
     Timestamps written with the database clock but not read back yet are reported
     as ``now`` (the caller's clock) instead of costing a query.

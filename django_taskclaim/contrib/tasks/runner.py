@@ -37,7 +37,8 @@ from django_taskclaim.contrib.tasks.outcomes import (
 )
 from django_taskclaim.contrib.tasks.outcomes import start as _start
 from django_taskclaim.contrib.tasks.results import to_result
-from django_taskclaim.exceptions import Fail
+from django_taskclaim.contrib.tasks.workflows import running
+from django_taskclaim.exceptions import Fail, Snooze
 from django_taskclaim.settle.batch import BatchableResult
 
 #: Kept under the names they had before the runner was split.
@@ -89,7 +90,10 @@ def execute(row: QueuedTask) -> str | BatchableResult:
         return finish_failed(row, exc, permanent=True)
     result = announce.started(row, plan)
     try:
-        value = plan.call(row, args, kwargs, result)
+        with running(row):  # step(), wait_for_event()… work on this row
+            value = plan.call(row, args, kwargs, result)
+    except Snooze:  # Snooze, or Parked by wait_for_event(): the worker parks the row
+        raise
     except Fail as exc:
         return finish_failed(row, exc, permanent=True)
     except BaseException as exc:  # SystemExit, KeyboardInterrupt, exit(): the task's own
