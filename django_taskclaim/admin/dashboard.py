@@ -138,6 +138,7 @@ def _dashboard_row(stats: ModelStats, url: str) -> dict[str, Any]:
                 "count": n,
                 "url": f"{url}?{ClaimStatusFilter.parameter_name}={state}" if url else "",
                 "estimated": state in stats.estimated,
+                "parked": stats.parked if state == "ready" else 0,
             }
         )
     return {

@@ -61,6 +61,8 @@ class ModelStats:
     estimated: list[str] = field(default_factory=list)
     #: Where ``done_last`` comes from: ``"rows"`` (``finished_at``) or ``"history"``
     done_source: str = "rows"
+    #: Of the model's ``ready`` rows, those parked until an event (``wait_for_event()``)
+    parked: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dictionary (window keys become ``"5m"``, ``"60m"``)."""
@@ -216,6 +218,11 @@ def model_stats(
             ).count()
         else:
             done_last[minutes] = None
+    from django_taskclaim.models import TaskEventWait  # deferred: the app registry first
+
+    # One indexed count (the waits' unique index leads with the model); the waits table
+    # holds only current waits: a wait is deleted once its row has its event.
+    parked = TaskEventWait._base_manager.using(db).filter(task_model=opts.label).count()
     return ModelStats(
         label=opts.label,
         verbose_name=str(model._meta.verbose_name_plural),
@@ -226,6 +233,7 @@ def model_stats(
         done_last=done_last,
         estimated=estimated,
         done_source=done_source,
+        parked=parked,
     )
 
 

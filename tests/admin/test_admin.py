@@ -554,6 +554,23 @@ def test_dashboard_shows_every_claimable_model_and_live_workers(admin_client, wo
     assert 'data-worker="host-a:101"' in html
     assert "host-b:202" not in html
     assert reverse(CHANGELIST) + "?taskclaim_status=ready" in html
+    assert "parked for an event" not in html
+
+
+@pytest.mark.django_db
+def test_dashboard_counts_rows_parked_for_an_event_under_ready(admin_client):
+    from django_taskclaim.models import TaskEventWait
+
+    rows = make("ready", 3)
+    for row in rows[:2]:
+        TaskEventWait.objects.create(
+            name=f"approved:{row.pk}",
+            task_model="testapp.Document",
+            task_pk=str(row.pk),
+            deadline=DbNow() + timedelta(hours=1),
+        )
+    html = admin_client.get(reverse("admin:taskclaim_dashboard")).content.decode()
+    assert '<small class="taskclaim-muted" data-parked="2">2 parked for events</small>' in html
 
 
 @pytest.mark.django_db

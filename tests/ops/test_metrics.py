@@ -179,3 +179,37 @@ def test_an_empty_database_gives_zeros_not_missing_series():
     assert at(found, "taskclaim_workers_live") == 0
     assert at(found, "taskclaim_model_workers_live", model=DOC) == 0
     assert found["taskclaim_queue_paused"] == {}
+
+
+def test_rows_waiting_for_prerequisites_and_for_events_are_counted():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_taskclaim.models import TaskEventWait
+    from django_taskclaim.ops.figures import model_stats
+    from tests.support.testapp.models import Step
+
+    first = Step.objects.create(name="first")
+    for i in range(2):
+        Document.objects.create(title=f"waits {i}", after=[first])
+    Document.objects.create(title="ready")
+    TaskEventWait.objects.create(
+        name="approved:1", task_model=DOC, task_pk="1", deadline=DbNow() + timedelta(hours=1)
+    )
+    with CaptureQueriesContext(connection) as queries:
+        out = StringIO()
+        call_command("taskclaim_metrics", stdout=out)
+    found = families(out.getvalue())
+    assert at(found, "taskclaim_tasks", model=DOC, queue="", state="waiting") == 2
+    assert at(found, "taskclaim_tasks", model=DOC, queue="", state="ready") == 1
+    assert at(found, "taskclaim_tasks", model="testapp.Step", queue="", state="waiting") == 0
+    assert at(found, "taskclaim_event_waits", model=DOC) == 1
+    assert at(found, "taskclaim_event_waits", model="testapp.Step") == 0
+    # a model none of whose rows ever waited: its table is not read for waiting rows
+    step_table = Step._meta.db_table
+    assert not [
+        q["sql"] for q in queries if step_table in q["sql"] and "waiting" in q["sql"]
+    ]
+    stats = model_stats(Document)
+    assert stats.counts["waiting"] == 2
+    assert stats.parked == 1

@@ -19,7 +19,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: name -> help text, in the order they are written (all gauges).
 METRICS = {
     "taskclaim_tasks": "Rows of a claimable model per state (ready includes rows scheduled "
-    "for later), per queue.",
+    "for later and rows parked until an event; waiting: rows waiting for prerequisites), "
+    "per queue.",
     "taskclaim_expired_leases": "Processing rows whose lease has expired (database clock): "
     "the next reap takes them back.",
     "taskclaim_oldest_ready_age_seconds": "Seconds since the oldest row ready to run now became "
@@ -36,6 +37,8 @@ METRICS = {
     "taskclaim_workers_silent": "Registered workers not stopped and not heard from for "
     "TASKCLAIM_WORKER_SILENT_AFTER seconds (shown only, never taken as dead).",
     "taskclaim_model_workers_live": "Live workers that serve the model.",
+    "taskclaim_event_waits": "Rows of the model parked until an event (wait_for_event()); "
+    "they count as ready rows too.",
 }
 
 
@@ -102,6 +105,10 @@ def render(gauges: Gauges) -> str:
     for model, count in sorted(gauges.live_workers_by_model.items()):
         samples["taskclaim_model_workers_live"].append(
             _sample("taskclaim_model_workers_live", (("model", model),), count)
+        )
+    for model, count in sorted(gauges.event_waits.items()):
+        samples["taskclaim_event_waits"].append(
+            _sample("taskclaim_event_waits", (("model", model),), count)
         )
     lines: list[str] = []
     for name, text in METRICS.items():

@@ -27,12 +27,12 @@ from django_taskclaim.db import DbNow, db_now
 from django_taskclaim.flow.rate_view import KeyRings, RateRing, rate_view
 from django_taskclaim.rules import lease_expired_q, live_worker_q, ready_since, silent_worker_q
 
-__all__ = ["QUEUE_FIELD", "Gauges", "QueueGauges", "collect", "queue_gauges"]
+__all__ = ["QUEUE_FIELD", "Gauges", "QueueGauges", "collect", "event_waits", "queue_gauges"]
 
 #: The field a model's queues are told apart by (the worker's ``--queue``).
 QUEUE_FIELD = "queue_name"
-#: The states counted, each a gauge.
-STATES = ("ready", "processing", "failed")
+#: The states counted, each a gauge (``waiting``: rows that wait for prerequisites).
+STATES = ("ready", "processing", "failed", "waiting")
 #: The states of live work: their partial indexes (claim, lease) serve the gauges' read.
 LIVE_STATES = ("ready", "processing")
 
@@ -51,6 +51,8 @@ class QueueGauges:
     #: seconds since the oldest row ready to run now was created (database clock); 0.0
     #: when none is; None when the model has no ``created_at`` field
     oldest_ready_age: float | None
+    #: rows ``waiting`` for prerequisites (``after=``; 0 for a model none ever waited in)
+    waiting: int = 0
 
 
 @dataclass
@@ -70,6 +72,8 @@ class Gauges:
     silent_workers: int = 0
     #: model label -> live workers that serve it
     live_workers_by_model: dict[str, int] = field(default_factory=dict)
+    #: model label -> its rows parked until an event (``wait_for_event()``)
+    event_waits: dict[str, int] = field(default_factory=dict)
 
 
 def _has_queues(model: type[models.Model]) -> bool:
@@ -82,6 +86,51 @@ def _due_q(opts: ClaimOptions) -> Q:
     if opts.has("run_after"):
         q &= Q(run_after__isnull=True) | Q(run_after__lte=DbNow())
     return q
+
+
+def _waiting(
+    model: type[models.Model], opts: ClaimOptions, base: models.QuerySet, using: str
+) -> dict[str, int]:
+    """Per queue, the rows of ``model`` waiting for prerequisites. Counted only for a
+    model some row of which waits or waited (one probe of the fan-in counters' unique
+    index: every row ``after=`` made wait has a counter), so a model that never used
+    ``after=`` pays one indexed read and no scan; for one that did, a count of its
+    ``waiting`` rows (a scan of the table unless an index serves ``status = 'waiting'``:
+    docs/observability.md)."""
+    from django_taskclaim.models import TaskFanIn  # the app registry first
+
+    if opts.statuses.get("waiting") is None:
+        return {}
+    if not TaskFanIn._base_manager.using(using).filter(dependent_model=opts.label).exists():
+        return {}
+    waiting_qs = base.filter(opts.status_q("waiting"))
+    if _has_queues(model):
+        return {
+            str(row[QUEUE_FIELD] or ""): int(row["tc_waiting"])
+            for row in waiting_qs.values(QUEUE_FIELD).annotate(tc_waiting=Count("pk"))
+        }
+    count = waiting_qs.count()
+    return {"": count} if count else {}
+
+
+def event_waits(labels: Iterable[str], using: str) -> dict[str, int]:
+    """Per model label of ``labels``, its rows parked until an event on ``using``: one
+    grouped count of the event waits (a small table: a wait is deleted once its row
+    has its event or timed out)."""
+    from django_taskclaim.models import TaskEventWait  # the app registry first
+
+    wanted = set(labels)
+    counts = dict.fromkeys(sorted(wanted), 0)
+    for label, n in (
+        TaskEventWait._base_manager.using(using)
+        .order_by()
+        .values("task_model")
+        .annotate(n=Count("pk"))
+        .values_list("task_model", "n")
+    ):
+        if label in wanted:
+            counts[label] = int(n)
+    return counts
 
 
 def queue_gauges(model: type[models.Model], now: datetime, *, using: str) -> list[QueueGauges]:
@@ -105,6 +154,7 @@ def queue_gauges(model: type[models.Model], now: datetime, *, using: str) -> lis
         figures["tc_oldest"] = Min(ready_since(opts), filter=_due_q(opts))
     base = model._base_manager.using(using).order_by()
     failed_qs = base.filter(opts.status_q("failed"))
+    waiting = _waiting(model, opts, base, using)
     if _has_queues(model):
         rows = {
             str(row[QUEUE_FIELD] or ""): row
@@ -120,7 +170,7 @@ def queue_gauges(model: type[models.Model], now: datetime, *, using: str) -> lis
         rows = {"": row} if row["tc_ready"] or row["tc_processing"] else {}
         failed = {"": count} if count else {}
     found = []
-    for queue in sorted(set(rows) | set(failed)):
+    for queue in sorted(set(rows) | set(failed) | set(waiting)):
         row = rows.get(queue, {})
         oldest = row.get("tc_oldest")
         found.append(
@@ -138,6 +188,7 @@ def queue_gauges(model: type[models.Model], now: datetime, *, using: str) -> lis
                     if oldest is None
                     else max(0.0, (now - oldest).total_seconds())
                 ),
+                waiting=waiting.get(queue, 0),
             )
         )
     if not found:
@@ -169,6 +220,11 @@ def collect(
         if db not in clocks:
             clocks[db] = db_now(db)
         gauges.queues.extend(queue_gauges(model, clocks[db], using=db))
+    by_db: dict[str, list[str]] = {}
+    for model in chosen:
+        by_db.setdefault(using or router.db_for_read(model), []).append(model._meta.label)
+    for db, labels in by_db.items():
+        gauges.event_waits.update(event_waits(labels, db))
     for rated in rate_view(chosen, using=using):
         gauges.rate_rings.extend(r for r in rated.rings if r.per != "key" or r.starts)
         if rated.keys is not None:
