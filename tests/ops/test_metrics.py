@@ -207,9 +207,7 @@ def test_rows_waiting_for_prerequisites_and_for_events_are_counted():
     assert at(found, "taskclaim_event_waits", model="testapp.Step") == 0
     # a model none of whose rows ever waited: its table is not read for waiting rows
     step_table = Step._meta.db_table
-    assert not [
-        q["sql"] for q in queries if step_table in q["sql"] and "waiting" in q["sql"]
-    ]
+    assert not [q["sql"] for q in queries if step_table in q["sql"] and "waiting" in q["sql"]]
     stats = model_stats(Document)
     assert stats.counts["waiting"] == 2
     assert stats.parked == 1
