@@ -28,6 +28,7 @@ from django_taskclaim.admin.display import (
     state_label,
 )
 from django_taskclaim.admin.filters import ClaimStatusFilter, ErrorFilter, LeaseFilter
+from django_taskclaim.admin.graph import dependents_text, prerequisites_text
 from django_taskclaim.admin.pause import pause_form_context
 from django_taskclaim.admin.runtime import RuntimeColumnMixin, held_since
 from django_taskclaim.admin.task_page import TaskPageMixin
@@ -38,7 +39,6 @@ from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.ops.figures import model_stats
 from django_taskclaim.row.status import UNKNOWN_STATE
 from django_taskclaim.rules import lease_ended
-from django_taskclaim.settle.dependents import fan_in, open_prerequisites
 
 __all__ = [
     "CLAIM_COLUMNS",
@@ -51,10 +51,6 @@ __all__ = [
 #: Ordering declared on ``status_badge``; each admin instance replaces it with the
 #: model's ``ClaimMeta.status_field``.
 DEFAULT_STATUS_ORDERING = "status"
-#: How many of a waiting row's open prerequisites its admin page names (the rest are
-#: counted: a fan-in may wait for 100,000 rows).
-SHOWN_PREREQUISITES = 20
-
 #: Names of the columns the mixin adds to ``list_display``.
 CLAIM_COLUMNS = (
     "status_badge",
@@ -80,6 +76,7 @@ READONLY_CLAIM_FIELDS = (
     "finished_at",
     "error_details",
     "prerequisites",
+    "dependent_rows",
     "attempt_history",
     "durable_steps",
     "awaited_events",
@@ -190,6 +187,8 @@ class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin, RuntimeColumnMixin):
             return True
         if name == "prerequisites":
             return self.claim_options.statuses.get("waiting") is not None
+        if name == "dependent_rows":
+            return self.claim_options.dependents
         return self.claim_options.has(name) or name == "version"
 
     def get_list_display(self, request: HttpRequest) -> Any:
@@ -222,7 +221,7 @@ class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin, RuntimeColumnMixin):
         last holder of any other row, neither on the add page."""
         if obj is None:
             skip = {"last_holder", "attempt_history", "prerequisites", "durable_steps"}
-            skip.add("awaited_events")
+            skip.update(("awaited_events", "dependent_rows"))
             skip.update(HELD_ONLY_FIELDS)
         elif self._state(obj) == "processing":
             skip = {"last_holder", "prerequisites"}
@@ -355,27 +354,13 @@ class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin, RuntimeColumnMixin):
 
     @admin.display(description=_("waiting for"))
     def prerequisites(self, obj: Any) -> str:
-        """The prerequisites a waiting row still waits for (docs/workflows.md): how many
-        of how many, from its fan-in counter, and the first :data:`SHOWN_PREREQUISITES`
-        by name (two indexed reads, whatever the size of the fan-in)."""
-        counts = fan_in(obj)
-        if counts is None:
-            return "—"
-        found = open_prerequisites(obj, limit=SHOWN_PREREQUISITES)
-        names = ", ".join(f"{label} #{key}" for label, key in found)
-        if counts.open > len(found):
-            names += f", … ({counts.open - len(found):,} more)"
-        ended = ", ".join(
-            f"{n:,} {state}"
-            for state, n in (
-                ("done", counts.done),
-                ("failed", counts.failed),
-                ("cancelled", counts.cancelled),
-            )
-            if n
-        )
-        head = f"{counts.open:,} of {counts.total:,} open" + (f" ({ended})" if ended else "")
-        return f"{head}: {names}" if names else head
+        """The prerequisites a waiting row still waits for (docs/workflows.md)."""
+        return prerequisites_text(obj)
+
+    @admin.display(description=_("rows waiting for it"))
+    def dependent_rows(self, obj: Any) -> str:
+        """The rows that wait, or waited, for this one (docs/workflows.md)."""
+        return dependents_text(obj)
 
     @admin.display(description=_("waiting for event"))
     def awaited_events(self, obj: Any) -> str:

@@ -461,6 +461,19 @@ def prerequisites(obj: models.Model, outcome: str | None = None) -> models.Query
     return edges.order_by("pk")
 
 
+def dependents(obj: models.Model, outcome: str | None = None) -> models.QuerySet:
+    """The edges to the rows that wait (or waited) for ``obj`` (``TaskDependency`` rows,
+    oldest first), read through the prerequisite index; with ``outcome``, only those
+    (``""``: still waiting for it)."""
+    using = obj._state.db or "default"
+    edges = _edges(using).filter(
+        prerequisite_model=label_of(type(obj)), prerequisite_pk=key_of(obj.pk)
+    )
+    if outcome is not None:
+        edges = edges.filter(outcome=outcome)
+    return edges.order_by("pk")
+
+
 #: A waiting row held for an operator (``on_failure='hold'``): its reason starts so.
 HELD = "held"
 

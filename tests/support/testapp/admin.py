@@ -4,7 +4,7 @@ from django.contrib import admin
 
 from django_taskclaim.admin import ClaimableAdminMixin
 
-from .models import Document, Job
+from .models import Document, Job, Step
 
 
 @admin.register(Document)
@@ -17,3 +17,8 @@ class DocumentAdmin(ClaimableAdminMixin, admin.ModelAdmin):
 class JobAdmin(ClaimableAdminMixin, admin.ModelAdmin):
     list_display = ["name"]
     claim_action_batch_size = 50
+
+
+@admin.register(Step)
+class StepAdmin(ClaimableAdminMixin, admin.ModelAdmin):
+    list_display = ["name"]
