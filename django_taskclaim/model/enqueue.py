@@ -23,6 +23,7 @@ from django.utils import timezone
 from django_taskclaim.config import bounds
 from django_taskclaim.config.claim_meta import CLAIM_STATE_FIELDS, SLOT_FIELD
 from django_taskclaim.config.options import ClaimOptions, get_options
+from django_taskclaim.db import retry_transient
 from django_taskclaim.exceptions import ConfigurationError, DependencyError, NotClaimableError
 from django_taskclaim.settle.dependents import plan_after, write_edges
 from django_taskclaim.wakeup.notify import notify
@@ -151,7 +152,12 @@ def create_after(
     model = queryset.model
     if model._meta.proxy:
         model = model._meta.concrete_model
-    return insert_after(model, model(**fields), after, on_failure, queryset.db)
+    obj, using = model(**fields), queryset.db
+    # A deadlock with a settle of a prerequisite is retried whole (outside the caller's
+    # own transaction, as every retry).
+    return retry_transient(
+        lambda: insert_after(model, obj, after, on_failure, using), using, what="create after="
+    )
 
 
 def insert_after(
