@@ -46,6 +46,11 @@ def _postgres() -> dict:
 
         conf = embedded.start(VAR / "bench-pg")
     conf.update({"ENGINE": "django.db.backends.postgresql", "NAME": DB_NAME})
+    # TASKCLAIM_BENCH_PREPARE=1: let the connections prepare statements (Django's
+    # OPTIONS["prepare_threshold"]; None by default), so that the worker's claim and
+    # complete-many go as prepared statements (docs/claiming.md).
+    if os.environ.get("TASKCLAIM_BENCH_PREPARE"):
+        conf.setdefault("OPTIONS", {})["prepare_threshold"] = 5
     return conf
 
 

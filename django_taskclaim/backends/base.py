@@ -381,6 +381,18 @@ class DatabaseSQL(NotifySQL, DiagnosticsSQL, LockSQL):
         apart, and the task runs twice within a lease."""
         return None
 
+    def execute_kept(
+        self, conn: Any, sql: str, params: Sequence[Any], *, fetch: bool, constant: bool = False
+    ) -> Any:
+        """Run a statement a worker sends over and over with the same text (the kept claim,
+        the complete-many) on the Django connection ``conn``; return its rows (``fetch``)
+        or its row count. ``constant``: its parameters are the same every time too. Here,
+        through Django's cursor; a vendor that can keep the statement prepared on the
+        server overrides it (PostgreSQL, :meth:`PostgreSQL.execute_kept`)."""
+        with conn.cursor() as cursor:
+            cursor.execute(sql, params)
+            return list(cursor.fetchall()) if fetch else int(cursor.rowcount)
+
     def private_to_one_connection(self, settings_dict: Any) -> bool:
         """Whether a ``DATABASES`` entry names a database only one connection can see
         (SQLite in memory): no second thread or process may share its rows."""

@@ -6,6 +6,7 @@ diagnostics here; the lock statements in ``postgresql_locks.py`` and the wake-up
 from __future__ import annotations
 
 import re
+import time
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -60,6 +61,10 @@ def claim_gate_key(table: str) -> tuple[int, int]:
     return CLAIM_GATE_SPACE, table_key(table)
 
 
+#: The literal text of each constant statement :meth:`PostgreSQL.execute_kept` prepared.
+_LITERALS: dict[tuple[Any, ...], str] = {}
+
+
 class PostgreSQL(PostgreSQLNotify, PostgreSQLLocks, DatabaseSQL):
     """PostgreSQL: ``INSERT … ON CONFLICT … RETURNING`` leases, ``pg_advisory_*`` locks."""
 
@@ -82,7 +87,7 @@ class PostgreSQL(PostgreSQLNotify, PostgreSQLLocks, DatabaseSQL):
         exist``; the word ``database`` and the quoted name survive ``lc_messages``
         only in English, where the SQLSTATE is missing)."""
         if sqlstate(error) == "3D000":
-            return True
+            return taskclaim_settings.POOLER_MODE != "transaction"
         text = str(error)
         return 'database "' in text and "does not exist" in text
 
@@ -362,6 +367,57 @@ class PostgreSQL(PostgreSQLNotify, PostgreSQLLocks, DatabaseSQL):
             source = f"unnest({arrays}) AS {t}({', '.join(alias for alias, _ in typed)})"
         held = self.held_sql(c, f'{t}."pk"', f'{t}."token"')
         return f"UPDATE {c.table} SET {', '.join(sets)} FROM {source} WHERE {held}"
+
+    # ------------------------------------------------------------ prepared statements
+    def prepares(self, conn: Any) -> bool:
+        """Whether the kept claim and the complete-many go as prepared statements on
+        ``conn``: where Django's connection may prepare statements at all, i.e. its
+        ``OPTIONS["prepare_threshold"]`` is set (Django leaves it ``None``, no prepared
+        statement, so that a pooler in transaction mode keeps working) and
+        ``TASKCLAIM_POOLER_MODE`` is not ``"transaction"``; psycopg 3 only."""
+        raw = conn.connection
+        if raw is None or getattr(raw, "prepare_threshold", None) is None:
+            return False
+        from django_taskclaim.config.settings import taskclaim_settings  # deferred: settings
+
+        return taskclaim_settings.POOLER_MODE != "transaction"
+
+    def execute_kept(
+        self, conn: Any, sql: str, params: Sequence[Any], *, fetch: bool, constant: bool = False
+    ) -> Any:
+        """As the base, but where :meth:`prepares` says so, as a prepared statement (psycopg
+        3, ``prepare=True``): the server parses and plans it once per connection, then
+        each call sends only its parameters — the cost that dominates a claim of one row.
+        A ``constant`` statement is prepared with its parameters written into its text
+        (the server then plans it with every value known, as before: a partial index on
+        the status still serves it); the others with parameters (the complete-many: rows
+        found by primary key). Logged as Django logs a query while it logs any
+        (``CaptureQueriesContext``, ``DEBUG``); errors become Django's."""
+        conn.ensure_connection()
+        if not self.prepares(conn):
+            return super().execute_kept(conn, sql, params, fetch=fetch, constant=constant)
+        import psycopg  # deferred: only where Django's backend already imported it
+
+        text, args = (self._literal(conn, sql, params), None) if constant else (sql, params)
+        started = time.monotonic()
+        with conn.wrap_database_errors, psycopg.Cursor(conn.connection) as cursor:
+            cursor.execute(text, args, prepare=True)
+            out = list(cursor.fetchall()) if fetch else int(cursor.rowcount)
+        if conn.queries_logged:
+            shown = text if constant else conn.ops.compose_sql(sql, params)
+            conn.queries_log.append({"sql": shown, "time": f"{time.monotonic() - started:.3f}"})
+        return out
+
+    def _literal(self, conn: Any, sql: str, params: Sequence[Any]) -> str:
+        """``sql`` with ``params`` written in as literals by the driver, kept per text and
+        parameters (a worker sends a handful of such statements)."""
+        key = (conn.alias, sql, tuple(params))
+        text = _LITERALS.get(key)
+        if text is None:
+            if len(_LITERALS) >= 64:
+                _LITERALS.clear()
+            text = _LITERALS[key] = conn.ops.compose_sql(sql, params)
+        return text
 
     # --------------------------------------------------------------------- diagnostics
 

@@ -153,8 +153,14 @@ def claim_gate(qs: models.QuerySet, opts: ClaimOptions, n: int) -> Statement | N
     return for_connection(conn).claim_gate(qs.model._meta.db_table)
 
 
-def fetch_claimed(conn: Any, statement: Statement, gate: Statement | None) -> list[Any]:
+def fetch_claimed(
+    conn: Any, statement: Statement, gate: Statement | None, *, kept: bool = False
+) -> list[Any]:
     """Run a claim ``statement`` (after its ``gate``, when there is one) and return its rows.
+    A ``kept`` statement (the same text and parameters at every claim: :func:`kept_claim`)
+    without a gate goes through the vendor's
+    :meth:`~django_taskclaim.backends.base.DatabaseSQL.execute_kept` (PostgreSQL prepares
+    it where the connection allows prepared statements).
 
     The gate and the claim go in one round trip, one transaction, where the driver
     takes several statements per call; else (psycopg 3 with server-side binding) in a
@@ -162,6 +168,10 @@ def fetch_claimed(conn: Any, statement: Statement, gate: Statement | None) -> li
     may wait idle for this client: frozen between the two, it loses its session (the
     claim raises, nothing was claimed) instead of holding the gate for everyone."""
     backend = for_connection(conn)
+    if gate is None and kept:
+        return list(
+            backend.execute_kept(conn, statement.sql, statement.params, fetch=True, constant=True)
+        )
     if gate is None:
         with conn.cursor() as cursor:
             cursor.execute(statement.sql, statement.params)
@@ -225,7 +235,9 @@ def run_claim(r: ClaimRequest, statement: Statement) -> list[models.Model]:
     qs, opts = r.qs, r.opts
     model = qs.model
     conn = connections[qs.db]
-    fetched = fetch_claimed(conn, statement, claim_gate(qs, opts, r.n))
+    fetched = fetch_claimed(
+        conn, statement, claim_gate(qs, opts, r.n), kept=_claim_key(r) is not None
+    )
     recovered = [row[-1] for row in fetched]
     tasks = _instances(model, qs.db, [row[:-1] for row in fetched])
     for task, flag in zip(tasks, recovered, strict=True):

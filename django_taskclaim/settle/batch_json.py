@@ -190,6 +190,5 @@ def complete_many_in_one(
             prep = model._meta.get_field(name).get_db_prep_save  # type: ignore[union-attr]
             params.append([prep((results or {})[pk][name], conn) for pk in tokens])
     params.append(opts.value("processing"))
-    with conn.cursor() as cursor:
-        cursor.execute(sql, params)
-        return int(cursor.rowcount)
+    # The same text for every batch: prepared once per connection where it may be.
+    return int(for_connection(conn).execute_kept(conn, sql, params, fetch=False))
