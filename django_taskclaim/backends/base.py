@@ -382,11 +382,19 @@ class DatabaseSQL(NotifySQL, DiagnosticsSQL, LockSQL):
         return None
 
     def execute_kept(
-        self, conn: Any, sql: str, params: Sequence[Any], *, fetch: bool, constant: bool = False
+        self,
+        conn: Any,
+        sql: str,
+        params: Sequence[Any],
+        *,
+        fetch: bool,
+        constant: bool = False,
+        transaction_pooler: bool = False,
     ) -> Any:
         """Run a statement a worker sends over and over with the same text (the kept claim,
         the complete-many) on the Django connection ``conn``; return its rows (``fetch``)
-        or its row count. ``constant``: its parameters are the same every time too. Here,
+        or its row count. ``constant``: its parameters are the same every time too;
+        ``transaction_pooler``: a pooler in transaction mode is in front. Here,
         through Django's cursor; a vendor that can keep the statement prepared on the
         server overrides it (PostgreSQL, :meth:`PostgreSQL.execute_kept`)."""
         with conn.cursor() as cursor:

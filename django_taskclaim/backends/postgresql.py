@@ -87,7 +87,7 @@ class PostgreSQL(PostgreSQLNotify, PostgreSQLLocks, DatabaseSQL):
         exist``; the word ``database`` and the quoted name survive ``lc_messages``
         only in English, where the SQLSTATE is missing)."""
         if sqlstate(error) == "3D000":
-            return taskclaim_settings.POOLER_MODE != "transaction"
+            return True
         text = str(error)
         return 'database "' in text and "does not exist" in text
 
@@ -370,22 +370,24 @@ class PostgreSQL(PostgreSQLNotify, PostgreSQLLocks, DatabaseSQL):
 
     # ------------------------------------------------------------ prepared statements
     def prepares(self, conn: Any) -> bool:
-        """Whether the kept claim and the complete-many go as prepared statements on
-        ``conn``: where Django's connection may prepare statements at all, i.e. its
+        """Whether Django's connection ``conn`` may prepare statements at all: its
         ``OPTIONS["prepare_threshold"]`` is set (Django leaves it ``None``, no prepared
-        statement, so that a pooler in transaction mode keeps working) and
-        ``TASKCLAIM_POOLER_MODE`` is not ``"transaction"``; psycopg 3 only."""
+        statement, so that a pooler in transaction mode keeps working); psycopg 3 only."""
         raw = conn.connection
-        if raw is None or getattr(raw, "prepare_threshold", None) is None:
-            return False
-        from django_taskclaim.config.settings import taskclaim_settings  # deferred: settings
-
-        return taskclaim_settings.POOLER_MODE != "transaction"
+        return raw is not None and getattr(raw, "prepare_threshold", None) is not None
 
     def execute_kept(
-        self, conn: Any, sql: str, params: Sequence[Any], *, fetch: bool, constant: bool = False
+        self,
+        conn: Any,
+        sql: str,
+        params: Sequence[Any],
+        *,
+        fetch: bool,
+        constant: bool = False,
+        transaction_pooler: bool = False,
     ) -> Any:
-        """As the base, but where :meth:`prepares` says so, as a prepared statement (psycopg
+        """As the base, but where :meth:`prepares` says so and no ``transaction_pooler`` is
+        in front (``TASKCLAIM_POOLER_MODE = "transaction"``), as a prepared statement (psycopg
         3, ``prepare=True``): the server parses and plans it once per connection, then
         each call sends only its parameters — the cost that dominates a claim of one row.
         A ``constant`` statement is prepared with its parameters written into its text
@@ -394,7 +396,7 @@ class PostgreSQL(PostgreSQLNotify, PostgreSQLLocks, DatabaseSQL):
         found by primary key). Logged as Django logs a query while it logs any
         (``CaptureQueriesContext``, ``DEBUG``); errors become Django's."""
         conn.ensure_connection()
-        if not self.prepares(conn):
+        if transaction_pooler or not self.prepares(conn):
             return super().execute_kept(conn, sql, params, fetch=fetch, constant=constant)
         import psycopg  # deferred: only where Django's backend already imported it
 

@@ -24,6 +24,7 @@ from django.db.models.signals import post_init, pre_init
 from django_taskclaim.backends import Statement, for_connection
 from django_taskclaim.capped import CappedCache
 from django_taskclaim.claim.base import RECOVERED_ATTR, _sort, candidates, claim_columns
+from django_taskclaim.config.settings import taskclaim_settings
 
 if TYPE_CHECKING:
     from django_taskclaim.claim.request import ClaimRequest
@@ -170,7 +171,14 @@ def fetch_claimed(
     backend = for_connection(conn)
     if gate is None and kept:
         return list(
-            backend.execute_kept(conn, statement.sql, statement.params, fetch=True, constant=True)
+            backend.execute_kept(
+                conn,
+                statement.sql,
+                statement.params,
+                fetch=True,
+                constant=True,
+                transaction_pooler=taskclaim_settings.POOLER_MODE == "transaction",
+            )
         )
     if gate is None:
         with conn.cursor() as cursor:

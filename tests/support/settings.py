@@ -71,11 +71,11 @@ if default["ENGINE"].endswith("sqlite3"):
     default["TEST"] = {"NAME": str(VAR / f"test_tests{SUFFIX}.sqlite3")}
 elif default["ENGINE"].endswith("mysql"):
     default["OPTIONS"].setdefault("charset", "utf8mb4")
+    default["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
 elif os.environ.get("TASKCLAIM_TEST_PREPARE"):
     # The whole PostgreSQL pass with prepared statements allowed (docs/claiming.md): the
     # kept claim and the complete-many then go prepared.
     default["OPTIONS"]["prepare_threshold"] = 5
-    default["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"}
 if SUFFIX and not default["ENGINE"].endswith("sqlite3"):
     default.setdefault("TEST", {})["NAME"] = f"test_{default['NAME']}_{SUFFIX}"
 if os.environ.get("TASKCLAIM_TEST_DB_NAME"):
