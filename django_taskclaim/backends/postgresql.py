@@ -394,9 +394,10 @@ class PostgreSQL(PostgreSQLNotify, PostgreSQLLocks, DatabaseSQL):
         (the server then plans it with every value known, as before: a partial index on
         the status still serves it); the others with parameters (the complete-many: rows
         found by primary key). Logged as Django logs a query while it logs any
-        (``CaptureQueriesContext``, ``DEBUG``); errors become Django's."""
+        (``CaptureQueriesContext``, ``DEBUG``); errors become Django's. While the
+        connection has ``execute_wrapper()`` hooks it goes unprepared, through them."""
         conn.ensure_connection()
-        if transaction_pooler or not self.prepares(conn):
+        if transaction_pooler or conn.execute_wrappers or not self.prepares(conn):
             return super().execute_kept(conn, sql, params, fetch=fetch, constant=constant)
         import psycopg  # deferred: only where Django's backend already imported it
 

@@ -92,3 +92,18 @@ def test_nothing_is_prepared_where_the_connection_may_not(how, may_prepare):
         assert Document.objects.complete_many([task]) == []
     assert _prepared_updates() == []
     assert Document.objects.get(pk=task.pk).status == "done"
+
+
+def test_a_connection_with_execute_wrappers_sends_them_through_its_hooks(may_prepare):
+    seen: list[str] = []
+
+    def hook(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    Document.objects.create(title="x")
+    with connection.execute_wrapper(hook):
+        (task,) = Document.objects.claim(1, worker="w")
+        assert Document.objects.complete_many([task]) == []
+    assert sum("UPDATE" in sql for sql in seen) == 2
+    assert _prepared_updates() == []
