@@ -51,6 +51,11 @@ def _postgres() -> dict:
     # complete-many go as prepared statements (docs/claiming.md).
     if os.environ.get("TASKCLAIM_BENCH_PREPARE"):
         conf.setdefault("OPTIONS", {})["prepare_threshold"] = 5
+    # TASKCLAIM_BENCH_SERVER_BINDING=1: Django's own queries bound on the server too
+    # (OPTIONS["server_side_binding"]), so that they are prepared as well (the enqueue's
+    # INSERT after five of them).
+    if os.environ.get("TASKCLAIM_BENCH_SERVER_BINDING"):
+        conf.setdefault("OPTIONS", {})["server_side_binding"] = True
     return conf
 
 
