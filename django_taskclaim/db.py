@@ -51,6 +51,17 @@ class DbNow(Now):
         return self.as_sql(compiler, connection, template=now_sql(connection), **extra_context)
 
 
+def execute_kept(conn: Any, sql: str, params: Any, *, fetch: bool, constant: bool = False) -> Any:
+    """Run a statement a worker sends over and over (the kept claim, the complete-many)
+    through the vendor's :meth:`~django_taskclaim.backends.base.DatabaseSQL.execute_kept`:
+    prepared on the server where the connection may prepare statements and no pooler in
+    transaction mode is declared (``TASKCLAIM_POOLER_MODE``, read only then)."""
+    backend = for_connection(conn)
+    conn.ensure_connection()
+    prepare = backend.prepares(conn) and taskclaim_settings.POOLER_MODE != "transaction"
+    return backend.execute_kept(conn, sql, params, fetch=fetch, constant=constant, prepare=prepare)
+
+
 def in_user_atomic(using: str) -> bool:
     """Whether the caller has an open ``atomic()`` block on ``using``.
 

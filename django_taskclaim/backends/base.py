@@ -389,17 +389,23 @@ class DatabaseSQL(NotifySQL, DiagnosticsSQL, LockSQL):
         *,
         fetch: bool,
         constant: bool = False,
-        transaction_pooler: bool = False,
+        prepare: bool = False,
     ) -> Any:
         """Run a statement a worker sends over and over with the same text (the kept claim,
         the complete-many) on the Django connection ``conn``; return its rows (``fetch``)
         or its row count. ``constant``: its parameters are the same every time too;
-        ``transaction_pooler``: a pooler in transaction mode is in front. Here,
+        ``prepare``: the caller allows a prepared statement (:meth:`prepares` and no
+        pooler in transaction mode: :func:`django_taskclaim.db.execute_kept`). Here,
         through Django's cursor; a vendor that can keep the statement prepared on the
         server overrides it (PostgreSQL, :meth:`PostgreSQL.execute_kept`)."""
         with conn.cursor() as cursor:
             cursor.execute(sql, params)
             return list(cursor.fetchall()) if fetch else int(cursor.rowcount)
+
+    def prepares(self, conn: Any) -> bool:
+        """Whether Django's connection ``conn`` may prepare statements (no vendor but
+        PostgreSQL: :meth:`PostgreSQL.prepares`)."""
+        return False
 
     def private_to_one_connection(self, settings_dict: Any) -> bool:
         """Whether a ``DATABASES`` entry names a database only one connection can see

@@ -384,10 +384,10 @@ class PostgreSQL(PostgreSQLNotify, PostgreSQLLocks, DatabaseSQL):
         *,
         fetch: bool,
         constant: bool = False,
-        transaction_pooler: bool = False,
+        prepare: bool = False,
     ) -> Any:
-        """As the base, but where :meth:`prepares` says so and no ``transaction_pooler`` is
-        in front (``TASKCLAIM_POOLER_MODE = "transaction"``), as a prepared statement (psycopg
+        """As the base, but where the caller allows it (``prepare``: :meth:`prepares` and
+        no pooler in transaction mode declared), as a prepared statement (psycopg
         3, ``prepare=True``): the server parses and plans it once per connection, then
         each call sends only its parameters — the cost that dominates a claim of one row.
         A ``constant`` statement is prepared with its parameters written into its text
@@ -396,9 +396,8 @@ class PostgreSQL(PostgreSQLNotify, PostgreSQLLocks, DatabaseSQL):
         found by primary key). Logged as Django logs a query while it logs any
         (``CaptureQueriesContext``, ``DEBUG``); errors become Django's. While the
         connection has ``execute_wrapper()`` hooks it goes unprepared, through them."""
-        conn.ensure_connection()
-        if transaction_pooler or conn.execute_wrappers or not self.prepares(conn):
-            return super().execute_kept(conn, sql, params, fetch=fetch, constant=constant)
+        if not prepare or conn.execute_wrappers:
+            return super().execute_kept(conn, sql, params, fetch=fetch)
         import psycopg  # deferred: only where Django's backend already imported it
 
         text, args = (self._literal(conn, sql, params), None) if constant else (sql, params)

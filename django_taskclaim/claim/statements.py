@@ -24,7 +24,7 @@ from django.db.models.signals import post_init, pre_init
 from django_taskclaim.backends import Statement, for_connection
 from django_taskclaim.capped import CappedCache
 from django_taskclaim.claim.base import RECOVERED_ATTR, _sort, candidates, claim_columns
-from django_taskclaim.config.settings import taskclaim_settings
+from django_taskclaim.db import execute_kept
 
 if TYPE_CHECKING:
     from django_taskclaim.claim.request import ClaimRequest
@@ -159,9 +159,8 @@ def fetch_claimed(
 ) -> list[Any]:
     """Run a claim ``statement`` (after its ``gate``, when there is one) and return its rows.
     A ``kept`` statement (the same text and parameters at every claim: :func:`kept_claim`)
-    without a gate goes through the vendor's
-    :meth:`~django_taskclaim.backends.base.DatabaseSQL.execute_kept` (PostgreSQL prepares
-    it where the connection allows prepared statements).
+    without a gate goes through :func:`~django_taskclaim.db.execute_kept` (PostgreSQL
+    prepares it where the connection allows prepared statements).
 
     The gate and the claim go in one round trip, one transaction, where the driver
     takes several statements per call; else (psycopg 3 with server-side binding) in a
@@ -170,16 +169,7 @@ def fetch_claimed(
     claim raises, nothing was claimed) instead of holding the gate for everyone."""
     backend = for_connection(conn)
     if gate is None and kept:
-        return list(
-            backend.execute_kept(
-                conn,
-                statement.sql,
-                statement.params,
-                fetch=True,
-                constant=True,
-                transaction_pooler=taskclaim_settings.POOLER_MODE == "transaction",
-            )
-        )
+        return list(execute_kept(conn, statement.sql, statement.params, fetch=True, constant=True))
     if gate is None:
         with conn.cursor() as cursor:
             cursor.execute(statement.sql, statement.params)

@@ -26,7 +26,7 @@ from django.db import connections, models
 from django_taskclaim.backends import for_connection
 from django_taskclaim.claim.base import claim_columns, column
 from django_taskclaim.config.options import ClaimOptions
-from django_taskclaim.config.settings import taskclaim_settings
+from django_taskclaim.db import execute_kept
 
 _COMPLETE_SQL: dict[tuple[type[models.Model], str, tuple[str, ...], str], str] = {}
 
@@ -192,7 +192,4 @@ def complete_many_in_one(
             params.append([prep((results or {})[pk][name], conn) for pk in tokens])
     params.append(opts.value("processing"))
     # The same text for every batch: prepared once per connection where it may be.
-    pooled = taskclaim_settings.POOLER_MODE == "transaction"
-    return int(
-        for_connection(conn).execute_kept(conn, sql, params, fetch=False, transaction_pooler=pooled)
-    )
+    return int(execute_kept(conn, sql, params, fetch=False))
