@@ -211,3 +211,28 @@ def test_bad_after_is_refused_with_one_clear_error_and_nothing_written():
         Document.objects.create(after=saved)
     assert Document.objects.count() == 1  # only the one made to be refused as a prerequisite
     assert TaskDependency.objects.count() == 0
+
+
+def test_create_after_retries_a_transient_error_whole(monkeypatch):
+    """A deadlock with a prerequisite's settle (here: an error the classifier calls
+    transient, raised once) is retried whole, as every other write of the library."""
+    from django.db import OperationalError
+
+    from django_taskclaim import db
+    from django_taskclaim.model import enqueue
+
+    first = Step.objects.create(name="first")
+    real, calls = enqueue.insert_after, []
+
+    def deadlocks_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError("deadlock detected")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(enqueue, "insert_after", deadlocks_once)
+    monkeypatch.setattr(db, "is_transient", lambda exc, using: "deadlock" in str(exc))
+    row = Document.objects.create(title="waits", after=[first])
+    assert len(calls) == 2
+    assert Document.objects.get(pk=row.pk).status == "waiting"
+    assert Document.objects.filter(title="waits").count() == 1

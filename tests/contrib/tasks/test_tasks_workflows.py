@@ -21,7 +21,13 @@ from django.tasks import TaskResultStatus
 from django.tasks.exceptions import InvalidTask
 
 from django_taskclaim import emit
-from django_taskclaim.contrib.tasks import enqueue_unique, step, wait_for_event
+from django_taskclaim.contrib.tasks import (
+    enqueue_unique,
+    fan_in,
+    prerequisite_results,
+    step,
+    wait_for_event,
+)
 from django_taskclaim.contrib.tasks.exceptions import InvalidTaskDependency, NotInTaskBody
 from django_taskclaim.contrib.tasks.models import QueuedTask
 from django_taskclaim.exceptions import DependencyError
@@ -58,6 +64,10 @@ def test_a_fan_in_callback_runs_once_after_its_members_with_their_results():
         "ids": sorted(str(m.id) for m in members),
     }
     assert seen[callback.id]["attempts"] == 1
+    # asked from outside a body, of the callback's TaskResult
+    assert sorted(r.return_value for r in prerequisite_results(callback)) == [1, 4, 9, 16, 25]
+    assert fan_in(callback).done == 5
+    assert fan_in(members[0]) is None  # waits for nothing
     callback.refresh()
     for member in members:
         member.refresh()
