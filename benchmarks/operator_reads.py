@@ -58,14 +58,6 @@ def log(msg: str) -> None:
     print(msg, flush=True)
 
 
-def _fresh_database(admin_url: str, name: str) -> None:
-    import psycopg
-
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-
-
 def _load(finished: int, failed_pct: int, ready: int, keys: int, busy: int, slots: int) -> float:
     """Insert the history and the rings (benchmark only: raw SQL through a cursor)."""
     from django.db import connection
@@ -213,26 +205,17 @@ def main() -> None:
     parser.add_argument("--db", default="taskclaim_bench_operator")
     parser.add_argument("--keep", action="store_true", help="Do not drop the database.")
     args = parser.parse_args()
-    admin_url = os.environ.get(
-        "TASKCLAIM_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-    )
-    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.support.settings"
-    os.environ["TASKCLAIM_TEST_DB"] = "postgres"
-    os.environ["TASKCLAIM_TEST_DB_NAME"] = args.db
-    _fresh_database(admin_url, args.db)
-    import django
+    from benchmarks import suite_db
 
-    django.setup()
+    suite_db.setup(args.db)
     from django.conf import settings
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from django.db import connection, connections
     from django.test.utils import override_settings
 
     from tests.flow.test_rate_limits import claim_meta
     from tests.support.flowapp.models import KeyedErrand
 
-    call_command("migrate", verbosity=0)
     get_user_model().objects.create_superuser("bench", "bench@example.com", "x")
     from django.contrib.auth.models import Permission
 
@@ -324,10 +307,7 @@ def main() -> None:
     for conn in connections.all():
         conn.close()
     if not args.keep:
-        import psycopg
-
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{args.db}" WITH (FORCE)')
+        suite_db.drop(args.db)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import sys
@@ -45,14 +44,6 @@ sys.path.insert(0, str(ROOT))
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def _fresh_database(admin_url: str, name: str) -> None:
-    import psycopg
-
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
 
 
 def _drain(model: Any, batch: int) -> int:
@@ -130,20 +121,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--db", default="taskclaim_bench_workflows")
     args = parser.parse_args()
-    admin_url = os.environ.get(
-        "TASKCLAIM_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-    )
-    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.support.settings"
-    os.environ["TASKCLAIM_TEST_DB"] = "postgres"
-    os.environ["TASKCLAIM_TEST_DB_NAME"] = args.db
-    _fresh_database(admin_url, args.db)
-    import django
+    from benchmarks import suite_db
 
-    django.setup()
-    from django.core.management import call_command
+    suite_db.setup(args.db)
     from django.db import connection
 
-    call_command("migrate", verbosity=0)
     cases = ["independent", "group", "chain", "chain-free", "plain"]
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in cases}
     for r in range(args.rounds):
