@@ -10,8 +10,10 @@ from django.tasks import task
 
 from django_taskclaim.contrib.tasks import (
     astep,
+    await_event,
     completed_steps,
     fan_in,
+    forget_steps,
     prerequisite_results,
     step,
     wait_for_event,
@@ -92,3 +94,26 @@ async def async_steps(marker):
     again = await astep("record", lambda: -1)  # stored: not run again
     await sync_to_async(lambda: None)()
     return {"pk": pk, "again": again}
+
+
+@task(takes_context=True)
+def forgets(context, marker):
+    """Attempt 1 records step ``one``, forgets its steps (a Document notes how many) and
+    fails; the retry runs step ``one`` again: two "one" Documents in all."""
+    from tests.support.testapp.models import Document
+
+    step("one", lambda: Document.objects.create(title=f"{marker} one").pk)
+    if context.attempt == 1:
+        Document.objects.create(title=f"{marker} forgot {forget_steps()}")
+        raise RuntimeError("attempt 1 fails after forgetting its steps")
+    ones = Document.objects.filter(title=f"{marker} one").count()
+    return {"steps": sorted(completed_steps()), "ones": ones}
+
+
+@task
+async def async_awaits(name, seconds):
+    """:func:`awaits` for an async body: ``await_event``."""
+    try:
+        return {"payload": await await_event(name, timedelta(seconds=seconds))}
+    except EventTimeout:
+        return "timed out"

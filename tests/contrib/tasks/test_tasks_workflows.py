@@ -195,6 +195,44 @@ def test_an_async_body_uses_astep():
     assert result.return_value == {"pk": pk, "again": pk}
 
 
+def test_forget_steps_makes_the_next_attempt_run_every_step_again():
+    result = wf.forgets.enqueue("forget")
+    run_burst()  # attempt 1 stores step one, forgets it, fails; the retry waits its backoff
+    result.refresh()
+    if result.status != TaskResultStatus.SUCCESSFUL:
+        QueuedTask.objects.filter(pk=result.id).update(run_after=None)
+        run_burst()
+        result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.attempts == 2
+    assert Document.objects.filter(title="forget forgot 1").exists()  # one step deleted
+    # the retry ran step one again (nothing stored), and stored it anew
+    assert result.return_value == {"steps": ["one"], "ones": 2}
+    assert Document.objects.filter(title="forget one").count() == 2
+
+
+def test_an_async_body_waits_for_an_event_with_await_event():
+    early = wf.async_awaits.enqueue("shipped:1", 3600)
+    waiting = wf.async_awaits.enqueue("shipped:2", 3600)
+    with transaction.atomic():
+        assert emit("shipped:1", {"box": 1})
+    run_burst()
+    early.refresh()
+    assert early.status == TaskResultStatus.SUCCESSFUL
+    assert early.return_value == {"payload": {"box": 1}}
+    waiting.refresh()
+    assert waiting.status == TaskResultStatus.READY  # parked from the coroutine
+    assert waiting.attempts == 0
+    assert waiting.errors == []
+    with transaction.atomic():
+        assert emit("shipped:2", {"box": 2})
+    run_burst()
+    waiting.refresh()
+    assert waiting.status == TaskResultStatus.SUCCESSFUL
+    assert waiting.return_value == {"payload": {"box": 2}}
+    assert waiting.attempts == 1
+
+
 def test_workflow_calls_outside_a_task_body_say_so():
     with pytest.raises(NotInTaskBody, match="inside a task body run by a TaskClaimBackend"):
         step("x", lambda: 1)
