@@ -17,11 +17,13 @@ from datetime import timedelta
 
 from django.apps import apps
 from django.db import connections, models, router
+from django.db.models import Exists, OuterRef, Q
 
 from django_taskclaim.backends.history import KEEP_DAYS, history_sql
 from django_taskclaim.config import bounds
 from django_taskclaim.config.discovery import claimable_models
 from django_taskclaim.config.options import get_options
+from django_taskclaim.db import DbNow
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.recovery.archive import archive_finished
 from django_taskclaim.recovery.finished import finished_rows, older_than_age
@@ -67,6 +69,9 @@ class PruneResult:
     archived: dict[str, str] = field(default_factory=dict)
     #: rows of the admin charts' per-minute history deleted (older than 7 days)
     history: int = 0
+    #: emitted events (``TaskEvent``) deleted, or that a dry run would delete; ``None``:
+    #: not pruned (models were named)
+    events: int | None = None
 
     @property
     def total(self) -> int:
@@ -152,7 +157,9 @@ def prune_models(
     ``older_than`` is refused before any model is touched. Unless ``dry_run``, the rows
     of the per-minute history (the admin's charts) older than
     :data:`~django_taskclaim.backends.history.KEEP_DAYS` (7) days are deleted too,
-    whatever ``older_than`` (``history``).
+    whatever ``older_than`` (``history``). When no model is named, the events emitted
+    more than ``older_than`` ago that no row waits for go too (:func:`prune_events`,
+    ``events``).
     """
     older_than = older_than_age(older_than)
     result = PruneResult(dry_run=dry_run)
@@ -177,11 +184,51 @@ def prune_models(
             dry_run=dry_run,
             using=using,
         )
+    if not models_:
+        result.events = prune_events(
+            older_than=older_than,
+            batch_size=batch_size,
+            dry_run=dry_run,
+            using=using or router.db_for_write(apps.get_model("taskclaim", "TaskEvent")),
+        )
     if not dry_run:
         result.history = prune_history(
             using or router.db_for_write(apps.get_model("taskclaim", "TaskHistory"))
         )
     return result
+
+
+def prune_events(
+    *, older_than: timedelta, batch_size: int = 1000, dry_run: bool = False, using: str
+) -> int:
+    """Delete the events (``emit()``, ``TaskEvent``) emitted more than ``older_than`` ago
+    (database clock) that no row still waits for; return how many (or, ``dry_run``, how
+    many would go). Batches of ``batch_size``, each re-checking age and waits.
+
+    An event some row waits for is kept however old: the waiting row, made due by the
+    emit, reads the payload when it runs again. A wait that starts after its event was
+    pruned waits for a new emit (or its timeout), and a new emit of the name wins again;
+    an event not emitted yet is never deleted here."""
+    older_than = older_than_age(older_than)
+    event = apps.get_model("taskclaim", "TaskEvent")
+    waits = apps.get_model("taskclaim", "TaskEventWait")._base_manager.using(using)
+    old = Q(emitted_at__lt=DbNow() - older_than) & ~Exists(waits.filter(name=OuterRef("name")))
+    scope = event._base_manager.using(using).filter(old)
+    if dry_run:
+        return scope.count()
+    deleted = 0
+    pick = scope.order_by("pk")
+    while True:
+        pks = list(pick.values_list("pk", flat=True)[:batch_size])
+        if not pks:
+            break
+        pick = scope.order_by("pk").filter(pk__gt=pks[-1])
+        deleted += event._base_manager.using(using).filter(pk__in=pks).filter(old).delete()[0]
+        if len(pks) < batch_size:
+            break
+    if deleted:
+        logger.info("pruned events=%s older_than=%s", deleted, older_than)
+    return deleted
 
 
 def prune_history(using: str) -> int:

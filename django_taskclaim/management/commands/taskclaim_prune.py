@@ -18,7 +18,9 @@ class Command(BaseCommand):
     help = (
         "Delete finished rows (done and cancelled by default) whose finished_at is older "
         "than --older-than, in short batches; a model that declares ClaimMeta.archive has "
-        "them moved to its archive table instead. Use --dry-run to only count them."
+        "them moved to its archive table instead; with no model named, events emitted "
+        "more than --older-than ago that no row waits for go too. Use --dry-run to only "
+        "count them."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -83,3 +85,8 @@ class Command(BaseCommand):
         self.stdout.write(
             f"total: {verb} {result.total} row(s) finished more than {options['older_than']} ago"
         )
+        if result.events is not None:
+            self.stdout.write(
+                f"events: {'would delete' if dry else 'deleted'} {result.events} emitted more "
+                f"than {options['older_than']} ago that no row waits for"
+            )
