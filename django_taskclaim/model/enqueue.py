@@ -11,12 +11,13 @@ What ``enqueue_many()`` on a claimable queryset runs (:mod:`.queryset`). See
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.db import models, router, transaction
+from django.db.models.base import ModelState
 from django.db.models.expressions import DatabaseDefault
 from django.utils import timezone
 
@@ -205,19 +206,61 @@ def enqueue_rows(
     if after is None and on_failure != "cancel":
         raise DependencyError(f"enqueue_many() on {model._meta.label}: on_failure= needs after=")
     if after is not None:
-        with transaction.atomic(using=using):
-            plan = plan_after(model, after, using, on_failure=on_failure, rows=objs)
-            opts = get_options(model)
-            for obj in objs:
-                plan.apply(opts, obj)
-            _insert(model, objs, using, batch_size)
-            write_edges(plan, model, objs, using)
-            if plan.state == "ready":
-                notify(model, using=using)
-        return objs
+        # A deadlock with a settle of a prerequisite is retried whole (outside the
+        # caller's own transaction, as every retry), each try from the rows as built:
+        # the rolled-back insert's primary keys and database defaults are forgotten.
+        restore = _restorer(objs)
+        tries = 0
+
+        def insert() -> list[Any]:
+            nonlocal tries
+            if tries:
+                restore()
+            tries += 1
+            return insert_many_after(model, objs, after, on_failure, using, batch_size)
+
+        return retry_transient(insert, using, what="enqueue_many after=")
     _insert(model, objs, using, batch_size)
     notify(model, using=using)  # bulk_create sends no post_save: the one wake-up
     return objs
+
+
+def insert_many_after(
+    model: type[models.Model],
+    objs: list[Any],
+    after: Any,
+    on_failure: str,
+    using: str,
+    batch_size: int | None,
+) -> list[Any]:
+    """Insert the unsaved ``objs`` of ``model``, each waiting for the rows ``after``, with
+    their edges, in one transaction (see :func:`enqueue_rows`); wake the workers after
+    the commit when they start ``ready``. Raises
+    :class:`~django_taskclaim.exceptions.DependencyError` before anything is written."""
+    with transaction.atomic(using=using):
+        plan = plan_after(model, after, using, on_failure=on_failure, rows=objs)
+        opts = get_options(model)
+        for obj in objs:
+            plan.apply(opts, obj)
+        _insert(model, objs, using, batch_size)
+        write_edges(plan, model, objs, using)
+        if plan.state == "ready":
+            notify(model, using=using)
+    return objs
+
+
+def _restorer(objs: list[Any]) -> Callable[[], None]:
+    """A function putting ``objs`` back as they are now (unsaved: no primary key the
+    database gave them, database defaults still to be applied), for a retried insert."""
+    saved = [{k: v for k, v in obj.__dict__.items() if k != "_state"} for obj in objs]
+
+    def restore() -> None:
+        for obj, fields in zip(objs, saved, strict=True):
+            obj.__dict__.clear()
+            obj.__dict__.update(fields)
+            obj._state = ModelState()
+
+    return restore
 
 
 def _insert(model: type[models.Model], objs: list[Any], using: str, batch_size: int | None) -> None:
@@ -247,7 +290,9 @@ def enqueue_many(
     With ``after=[rows…]`` every row waits for those rows (docs/workflows.md):
     it starts ``waiting`` and becomes ``ready`` in the transaction of the last one's
     final settle; ``on_failure`` (``cancel``, ``run``, ``hold``) says what a
-    prerequisite that ends ``failed`` or ``cancelled`` does to it.
+    prerequisite that ends ``failed`` or ``cancelled`` does to it; a deadlock with a
+    prerequisite's settle is retried whole from the rows as given (outside the caller's
+    own transaction).
 
     ``rows`` are unsaved instances of ``model`` or dicts of field values. Guarantees:
     every row is written ``ready`` with the claim state ``create()`` leaves (token 0, no

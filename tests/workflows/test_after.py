@@ -5,7 +5,7 @@ the reaper leaving waiting rows alone. Real databases, no mocks."""
 from __future__ import annotations
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from django_taskclaim.claim import STRATEGIES
 from django_taskclaim.exceptions import DependencyError
@@ -236,3 +236,61 @@ def test_create_after_retries_a_transient_error_whole(monkeypatch):
     assert len(calls) == 2
     assert Document.objects.get(pk=row.pk).status == "waiting"
     assert Document.objects.filter(title="waits").count() == 1
+
+
+def test_enqueue_many_after_retries_a_transient_error_whole_from_the_rows_as_built(monkeypatch):
+    """As ``create(after=…)``: a transient error after the rows were inserted (here:
+    raised once by the edges' write) rolls the call back and it runs again, from the
+    rows as they were built (no primary key or default of the rolled-back insert)."""
+    from django.db import OperationalError
+
+    from django_taskclaim import db
+    from django_taskclaim.model import enqueue
+
+    first = Step.objects.create(name="first")
+    real_edges, real_insert, seen = enqueue.write_edges, enqueue._insert, []
+
+    def inserts(model, objs, using, batch_size):
+        seen.append([(o.pk, o._state.adding) for o in objs])  # as each try finds them
+        real_insert(model, objs, using, batch_size)
+
+    def deadlocks_once(plan, model, objs, using):
+        if len(seen) == 1:
+            raise OperationalError("deadlock detected")
+        return real_edges(plan, model, objs, using)
+
+    monkeypatch.setattr(enqueue, "_insert", inserts)
+    monkeypatch.setattr(enqueue, "write_edges", deadlocks_once)
+    monkeypatch.setattr(db, "is_transient", lambda exc, using: "deadlock" in str(exc))
+    rows = Document.objects.enqueue_many(
+        [Document(title=f"many {i}") for i in range(3)] + [{"title": "many 3"}], after=[first]
+    )
+    assert len(seen) == 2
+    stored = Document.objects.filter(title__startswith="many")
+    assert stored.count() == 4
+    assert set(stored.values_list("status", flat=True)) == {"waiting"}
+    assert seen[1] == seen[0] == [(None, True)] * 4  # the retry: the rows as built
+    if connection.features.can_return_rows_from_bulk_insert:
+        assert sorted(r.pk for r in rows) == sorted(stored.values_list("pk", flat=True))
+    edges = TaskDependency.objects.filter(prerequisite_pk=str(first.pk), outcome="")
+    assert edges.count() == 4
+    Step.objects.claim_next().complete()  # the one prerequisite settles
+    assert set(stored.values_list("status", flat=True)) == {"ready"}
+
+
+def test_enqueue_many_after_inside_the_callers_transaction_is_not_retried(monkeypatch):
+    from django.db import OperationalError
+
+    from django_taskclaim import db
+    from django_taskclaim.model import enqueue
+
+    first = Step.objects.create(name="first")
+
+    def deadlocks(*args, **kwargs):
+        raise OperationalError("deadlock detected")
+
+    monkeypatch.setattr(enqueue, "write_edges", deadlocks)
+    monkeypatch.setattr(db, "is_transient", lambda exc, using: "deadlock" in str(exc))
+    with pytest.raises(OperationalError), transaction.atomic():
+        Document.objects.enqueue_many([{"title": "in tx"}], after=[first])
+    assert not Document.objects.filter(title="in tx").exists()
