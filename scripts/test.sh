@@ -162,7 +162,9 @@ fi
 TASKS_TESTS=(-q --ds=tests.support.settings_tasks tests/contrib/tasks/test_tasks_backend.py
   tests/contrib/tasks/test_tasks_backend_worker.py tests/contrib/tasks/test_seams_tasks_backend.py
   tests/contrib/tasks/test_tasks_workflows.py
-  tests/ops/test_metrics_queues.py tests/unit/test_public_api.py)
+  tests/ops/test_metrics_queues.py tests/unit/test_public_api.py
+  "tests/system/test_admin_layout.py::test_admin_page_fits_and_is_legible[queuedtask-changelist]"
+  "tests/system/test_admin_layout.py::test_admin_page_fits_and_is_legible[queuedtask-done]")
 # SQLite: one file, one writer at a time; its tests start no fleets that need a server.
 sqlite_x=()
 [ "$xdist_ok" = 1 ] && [ "${TASKCLAIM_WORKERS:-3}" != 0 ] && sqlite_x=(-n "${TASKCLAIM_WORKERS:-3}" --dist worksteal)

@@ -6,7 +6,8 @@ text is legible (WCAG contrast of its colour against the background it is drawn 
 ``getComputedStyle``: 4.5:1, 3:1 for large text).
 
 Screenshots land in ``var/admin-layout/`` for a human. The QueuedTask pages need the
-tasks backend (``--ds=tests.support.settings_tasks``) and skip without it.
+tasks backend (``--ds=tests.support.settings_tasks``) and skip without it; they run in the
+postgresql-tasks pass of ``make test`` (scripts/test.sh).
 """
 
 from __future__ import annotations
@@ -252,12 +253,20 @@ PAGES = {
 }
 
 
+#: The QueuedTask pages skip before their fixture starts a browser without the backend.
+NEEDS_TASKS = pytest.mark.skipif(
+    not tasks_installed(),
+    reason="the tasks backend is not installed (--ds=tests.support.settings_tasks)",
+)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(PAGES))
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=NEEDS_TASKS) if n.startswith("queuedtask") else n for n in PAGES],
+)
 @pytest.mark.django_db(transaction=True)
 def test_admin_page_fits_and_is_legible(name, operator_page):
-    if name.startswith("queuedtask") and not tasks_installed():
-        pytest.skip("the tasks backend is not installed (--ds=tests.support.settings_tasks)")
     page, base, data = operator_page
     found = []
     for width in (WIDTH, NARROW):
