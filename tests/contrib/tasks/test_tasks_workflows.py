@@ -43,6 +43,16 @@ def _status(result):
     return QueuedTask.objects.get(pk=result.id).status
 
 
+def _due_now_if_left(result):
+    """After a burst: a task left for later (a retry's backoff, a wait's deadline) is
+    made due now and run by one more burst."""
+    result.refresh()
+    if result.status != TaskResultStatus.SUCCESSFUL:
+        QueuedTask.objects.filter(pk=result.id).update(run_after=None)
+        run_burst()
+        result.refresh()
+
+
 def test_a_fan_in_callback_runs_once_after_its_members_with_their_results():
     with transaction.atomic():
         members = [wf.square.enqueue(n) for n in range(1, 6)]
@@ -130,11 +140,7 @@ def test_bad_prerequisites_are_refused_before_anything_is_written():
 def test_durable_steps_survive_a_failed_attempt():
     result = wf.two_steps.enqueue("steps")
     run_burst()  # attempt 1 fails after step one; the retry is due after its backoff
-    result.refresh()
-    if result.status != TaskResultStatus.SUCCESSFUL:
-        QueuedTask.objects.filter(pk=result.id).update(run_after=None)
-        run_burst()
-        result.refresh()
+    _due_now_if_left(result)
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.attempts == 2
     one = Document.objects.get(title="steps one")  # once: the retry used the stored pk
@@ -178,11 +184,7 @@ def test_a_task_waits_for_an_event_emitted_by_a_request():
 def test_an_event_wait_times_out_into_the_body():
     result = wf.awaits.enqueue("never:1", 0.001)
     run_burst()
-    result.refresh()
-    if result.status != TaskResultStatus.SUCCESSFUL:  # parked until its deadline
-        QueuedTask.objects.filter(pk=result.id).update(run_after=None)
-        run_burst()
-        result.refresh()
+    _due_now_if_left(result)  # parked until its deadline
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.return_value == "timed out"
 
@@ -198,11 +200,7 @@ def test_an_async_body_uses_astep():
 def test_forget_steps_makes_the_next_attempt_run_every_step_again():
     result = wf.forgets.enqueue("forget")
     run_burst()  # attempt 1 stores step one, forgets it, fails; the retry waits its backoff
-    result.refresh()
-    if result.status != TaskResultStatus.SUCCESSFUL:
-        QueuedTask.objects.filter(pk=result.id).update(run_after=None)
-        run_burst()
-        result.refresh()
+    _due_now_if_left(result)
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.attempts == 2
     assert Document.objects.filter(title="forget forgot 1").exists()  # one step deleted
