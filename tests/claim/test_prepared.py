@@ -5,12 +5,15 @@ fields written (docs/claiming.md, "Prepared statements")."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from django_taskclaim.settle.batch import PENDING_ATTR
+from tests.support.keyedapp.models import KeyedJob
 from tests.support.testapp.models import Document
 
 pytestmark = [
@@ -63,8 +66,14 @@ def test_claims_and_completions_are_prepared_and_claim_in_order(may_prepare):
     }
     assert set(Document.objects.values_list("status", flat=True)) == {"done"}
     prepared = _prepared_updates()
-    assert any("RETURNING" in s for s in prepared), prepared  # the claim
-    assert any("unnest" in s or "jsonb_to_recordset" in s for s in prepared), prepared
+    claims = [s for s in prepared if "RETURNING" in s]
+    completions = [s for s in prepared if "unnest" in s or "jsonb_to_recordset" in s]
+    assert claims, prepared
+    assert completions, prepared
+    # The claim is prepared with its values written in (planned as an unprepared claim,
+    # the partial index known); the completion with parameters (rows by primary key).
+    assert not any(re.search(r"\$\d", s) for s in claims), claims
+    assert all(re.search(r"\$\d", s) for s in completions), completions
     # logged as any query while queries are captured
     assert sum("UPDATE" in q["sql"] for q in queries) == 4 + 4 + 1  # claims, acks, empty
 
@@ -107,3 +116,14 @@ def test_a_connection_with_execute_wrappers_sends_them_through_its_hooks(may_pre
         assert Document.objects.complete_many([task]) == []
     assert sum("UPDATE" in sql for sql in seen) == 2
     assert _prepared_updates() == []
+
+
+def test_only_the_kept_claim_is_prepared_not_a_keyed_one(may_prepare):
+    """A keyed claim (a statement built per claim) goes unprepared even where the
+    connection may prepare: only the worker's kept claim and its completions are."""
+    KeyedJob.objects.bulk_create(KeyedJob(customer_id=i) for i in range(8))
+    for _ in range(8):  # past psycopg's prepare threshold
+        assert len(KeyedJob.objects.claim(1, worker="k")) == 1
+    table = KeyedJob._meta.db_table
+    assert [s for s in _prepared_updates() if table in s] == []
+    assert KeyedJob.objects.filter(status="processing").count() == 8
