@@ -155,10 +155,14 @@ def create_after(
         model = model._meta.concrete_model
     obj, using = model(**fields), queryset.db
     # A deadlock with a settle of a prerequisite is retried whole (outside the caller's
-    # own transaction, as every retry).
-    return retry_transient(
-        lambda: insert_after(model, obj, after, on_failure, using), using, what="create after="
-    )
+    # own transaction, as every retry), each try from the row as built.
+    restore = _restorer([obj])
+
+    def insert() -> Any:
+        restore()
+        return insert_after(model, obj, after, on_failure, using)
+
+    return retry_transient(insert, using, what="create after=")
 
 
 def insert_after(
@@ -206,17 +210,12 @@ def enqueue_rows(
     if after is None and on_failure != "cancel":
         raise DependencyError(f"enqueue_many() on {model._meta.label}: on_failure= needs after=")
     if after is not None:
-        # A deadlock with a settle of a prerequisite is retried whole (outside the
-        # caller's own transaction, as every retry), each try from the rows as built:
-        # the rolled-back insert's primary keys and database defaults are forgotten.
+        # As create(after=…): a deadlock with a settle of a prerequisite is retried
+        # whole, each try from the rows as built (see _restorer).
         restore = _restorer(objs)
-        tries = 0
 
         def insert() -> list[Any]:
-            nonlocal tries
-            if tries:
-                restore()
-            tries += 1
+            restore()
             return insert_many_after(model, objs, after, on_failure, using, batch_size)
 
         return retry_transient(insert, using, what="enqueue_many after=")
@@ -250,8 +249,10 @@ def insert_many_after(
 
 
 def _restorer(objs: list[Any]) -> Callable[[], None]:
-    """A function putting ``objs`` back as they are now (unsaved: no primary key the
-    database gave them, database defaults still to be applied), for a retried insert."""
+    """A function putting the unsaved ``objs`` back as they are now, called before each
+    try of an insert that may be retried: a rolled-back try leaves on them the primary
+    keys and database defaults the database returned, and ``_state`` saved; the next try
+    starts from the rows as built (a no-op before the first)."""
     saved = [{k: v for k, v in obj.__dict__.items() if k != "_state"} for obj in objs]
 
     def restore() -> None:

@@ -4,6 +4,8 @@ the reaper leaving waiting rows alone. Real databases, no mocks."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.db import connection, transaction
 
@@ -213,63 +215,55 @@ def test_bad_after_is_refused_with_one_clear_error_and_nothing_written():
     assert TaskDependency.objects.count() == 0
 
 
-def test_create_after_retries_a_transient_error_whole(monkeypatch):
-    """A deadlock with a prerequisite's settle (here: an error the classifier calls
-    transient, raised once) is retried whole, as every other write of the library."""
+def _deadlock_after_the_insert_once(monkeypatch) -> list[list[tuple[Any, bool]]]:
+    """Make the edges' write (after the rows' insert) raise a transient error once, and
+    record the rows each try plans with, as ``(pk, _state.adding)``."""
     from django.db import OperationalError
 
     from django_taskclaim import db
     from django_taskclaim.model import enqueue
 
-    first = Step.objects.create(name="first")
-    real, calls = enqueue.insert_after, []
+    real_plan, real_edges, seen = enqueue.plan_after, enqueue.write_edges, []
 
-    def deadlocks_once(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 1:
-            raise OperationalError("deadlock detected")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(enqueue, "insert_after", deadlocks_once)
-    monkeypatch.setattr(db, "is_transient", lambda exc, using: "deadlock" in str(exc))
-    row = Document.objects.create(title="waits", after=[first])
-    assert len(calls) == 2
-    assert Document.objects.get(pk=row.pk).status == "waiting"
-    assert Document.objects.filter(title="waits").count() == 1
-
-
-def test_enqueue_many_after_retries_a_transient_error_whole_from_the_rows_as_built(monkeypatch):
-    """As ``create(after=…)``: a transient error after the rows were inserted (here:
-    raised once by the edges' write) rolls the call back and it runs again, from the
-    rows as they were built (no primary key or default of the rolled-back insert)."""
-    from django.db import OperationalError
-
-    from django_taskclaim import db
-    from django_taskclaim.model import enqueue
-
-    first = Step.objects.create(name="first")
-    real_edges, real_insert, seen = enqueue.write_edges, enqueue._insert, []
-
-    def inserts(model, objs, using, batch_size):
-        seen.append([(o.pk, o._state.adding) for o in objs])  # as each try finds them
-        real_insert(model, objs, using, batch_size)
+    def plans(model, after, using, *, on_failure, rows):
+        seen.append([(o.pk, o._state.adding) for o in rows])  # as each try finds them
+        return real_plan(model, after, using, on_failure=on_failure, rows=rows)
 
     def deadlocks_once(plan, model, objs, using):
         if len(seen) == 1:
             raise OperationalError("deadlock detected")
         return real_edges(plan, model, objs, using)
 
-    monkeypatch.setattr(enqueue, "_insert", inserts)
+    monkeypatch.setattr(enqueue, "plan_after", plans)
     monkeypatch.setattr(enqueue, "write_edges", deadlocks_once)
     monkeypatch.setattr(db, "is_transient", lambda exc, using: "deadlock" in str(exc))
+    return seen
+
+
+def test_create_after_retries_a_transient_error_whole_from_the_row_as_built(monkeypatch):
+    """A deadlock with a prerequisite's settle (here: an error the classifier calls
+    transient, raised once after the row was inserted) rolls the call back and it runs
+    again, from the row as it was built, as every other write of the library."""
+    first = Step.objects.create(name="first")
+    seen = _deadlock_after_the_insert_once(monkeypatch)
+    row = Document.objects.create(title="waits", after=[first])
+    assert seen == [[(None, True)], [(None, True)]]  # the retry: no pk of the rolled-back try
+    assert Document.objects.get(pk=row.pk).status == "waiting"
+    assert Document.objects.filter(title="waits").count() == 1
+    assert TaskDependency.objects.filter(dependent_pk=str(row.pk)).count() == 1
+
+
+def test_enqueue_many_after_retries_a_transient_error_whole_from_the_rows_as_built(monkeypatch):
+    """As ``create(after=…)``, for the rows of one ``enqueue_many()``."""
+    first = Step.objects.create(name="first")
+    seen = _deadlock_after_the_insert_once(monkeypatch)
     rows = Document.objects.enqueue_many(
         [Document(title=f"many {i}") for i in range(3)] + [{"title": "many 3"}], after=[first]
     )
-    assert len(seen) == 2
+    assert seen == [[(None, True)] * 4] * 2  # the retry: the rows as built
     stored = Document.objects.filter(title__startswith="many")
     assert stored.count() == 4
     assert set(stored.values_list("status", flat=True)) == {"waiting"}
-    assert seen[1] == seen[0] == [(None, True)] * 4  # the retry: the rows as built
     if connection.features.can_return_rows_from_bulk_insert:
         assert sorted(r.pk for r in rows) == sorted(stored.values_list("pk", flat=True))
     edges = TaskDependency.objects.filter(prerequisite_pk=str(first.pk), outcome="")
