@@ -9,11 +9,13 @@ several models (default: every claimable one); :func:`parse_age` reads the comma
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from django.apps import apps
 from django.db import connections, models, router
@@ -78,6 +80,25 @@ class PruneResult:
         return sum(self.per_model.values())
 
 
+def keyset_batches(
+    scope: models.QuerySet, batch_size: int, max_batches: int | None = None
+) -> Iterator[list[Any]]:
+    """The primary keys of ``scope``, ``batch_size`` at a time, for a caller that deletes
+    each batch before asking for the next. Keyset order: each batch starts past the last
+    one's highest key, not over the index entries its deletion leaves behind until vacuum
+    (each batch would be slower than the last). Ends after a short batch, or after
+    ``max_batches``."""
+    pick = scope.order_by("pk")
+    for _ in itertools.count() if max_batches is None else range(max_batches):
+        pks = list(pick.values_list("pk", flat=True)[:batch_size])
+        if not pks:
+            return
+        yield pks
+        if len(pks) < batch_size:
+            return
+        pick = scope.order_by("pk").filter(pk__gt=pks[-1])
+
+
 def prune(
     model: type[models.Model],
     *,
@@ -115,16 +136,8 @@ def prune(
     scope = model._base_manager.using(db).filter(cond)
     if dry_run:
         return scope.count()
-    deleted = batches = 0
-    pick = scope.order_by("pk")
-    while max_batches is None or batches < max_batches:
-        batches += 1
-        pks = list(pick.values_list("pk", flat=True)[:batch_size])
-        if not pks:
-            break
-        # Keyset order: the next batch starts past this one, not over the index entries
-        # its deletion leaves behind until vacuum (each batch would be slower than the last).
-        pick = scope.order_by("pk").filter(pk__gt=pks[-1])
+    deleted = 0
+    for batches, pks in enumerate(keyset_batches(scope, batch_size, max_batches), 1):
         _, per = model._base_manager.using(db).filter(pk__in=pks).filter(cond).delete()
         deleted += per.get(model._meta.label, 0)
         # The workflow tables' rows of the rows deleted (a row requeued meanwhile was
@@ -132,8 +145,6 @@ def prune(
         kept = set(model._base_manager.using(db).filter(pk__in=pks).values_list("pk", flat=True))
         delete_leftovers(model, [pk for pk in pks if pk not in kept], db)
         logger.debug("pruned model=%s batch=%s rows=%s", opts.label, batches, len(pks))
-        if len(pks) < batch_size:
-            break
     if deleted:
         logger.info("pruned model=%s rows=%s older_than=%s", opts.label, deleted, older_than)
     return deleted
@@ -217,15 +228,8 @@ def prune_events(
     if dry_run:
         return scope.count()
     deleted = 0
-    pick = scope.order_by("pk")
-    while True:
-        pks = list(pick.values_list("pk", flat=True)[:batch_size])
-        if not pks:
-            break
-        pick = scope.order_by("pk").filter(pk__gt=pks[-1])
+    for pks in keyset_batches(scope, batch_size):
         deleted += event._base_manager.using(using).filter(pk__in=pks).filter(old).delete()[0]
-        if len(pks) < batch_size:
-            break
     if deleted:
         logger.info("pruned events=%s older_than=%s", deleted, older_than)
     return deleted

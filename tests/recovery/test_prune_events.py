@@ -80,3 +80,18 @@ def test_a_pruned_event_can_be_emitted_again_and_naming_models_leaves_events_alo
     assert not TaskEvent.objects.exists()
     assert emit("nightly", "tuesday") is True  # the name is free again: this emit wins
     assert TaskEvent.objects.get(name="nightly").payload == "tuesday"
+
+
+def test_keyset_batches_walk_past_each_deleted_batch_and_stop_where_told():
+    from django_taskclaim.recovery.prune import keyset_batches
+
+    Document.objects.bulk_create(Document(title=str(i)) for i in range(5))
+    pks = sorted(Document.objects.values_list("pk", flat=True))
+    seen = []
+    for batch in keyset_batches(Document.objects.all(), 2):
+        seen.append(batch)
+        Document.objects.filter(pk__in=batch).delete()  # as prune does
+    assert seen == [pks[0:2], pks[2:4], pks[4:5]]
+    Document.objects.bulk_create(Document(title=str(i)) for i in range(5))
+    assert [len(b) for b in keyset_batches(Document.objects.all(), 2, max_batches=2)] == [2, 2]
+    assert list(keyset_batches(Document.objects.none(), 2)) == []
