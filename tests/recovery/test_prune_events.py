@@ -4,6 +4,7 @@ taskclaim_prune`` run for every model also deletes the events emitted more than
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 from io import StringIO
 
@@ -70,13 +71,19 @@ def test_an_event_a_parked_row_has_not_read_yet_is_kept_until_it_has():
     assert not TaskEvent.objects.exists()
 
 
-def test_a_pruned_event_can_be_emitted_again_and_naming_models_leaves_events_alone():
+def test_a_pruned_event_can_be_emitted_again_and_naming_models_leaves_events_alone(caplog):
     emit("nightly", "monday")
     age("nightly", 30)
     out = prune("testapp.Document")
     assert "events:" not in out  # models named: only their rows
     assert TaskEvent.objects.filter(name="nightly").exists()
-    prune_events(older_than=timedelta(hours=1), batch_size=1, using="default")
+    for name in ("a", "b"):
+        emit(name)
+        age(name, 30)
+    with caplog.at_level(logging.INFO, logger="django_taskclaim.recovery.prune"):
+        # one event per batch: the count adds up over the batches
+        assert prune_events(older_than=timedelta(hours=1), batch_size=1, using="default") == 3
+    assert "pruned events=3 older_than=1:00:00" in caplog.text
     assert not TaskEvent.objects.exists()
     assert emit("nightly", "tuesday") is True  # the name is free again: this emit wins
     assert TaskEvent.objects.get(name="nightly").payload == "tuesday"
