@@ -39,7 +39,16 @@ from django_taskclaim.db import DbNow
 if TYPE_CHECKING:
     from django_taskclaim.config.options import ClaimOptions
 
-__all__ = ["RESETS", "Change", "Write", "apply_in_memory", "holder_text", "plan", "writes"]
+__all__ = [
+    "RESETS",
+    "Change",
+    "Write",
+    "apply_in_memory",
+    "holder_text",
+    "in_line_field",
+    "plan",
+    "writes",
+]
 
 
 class Write(StrEnum):
@@ -58,6 +67,11 @@ class Write(StrEnum):
     #: set to when the row may run again: the clock plus the change's delay (``NULL``
     #: when there is no delay)
     DUE = "due"
+    #: the row's place in line (the claim ordering's time key, ``created_at``): set to
+    #: when the row is due, the clock plus the change's delay, so that it queues behind
+    #: every row that was due before it. Written only where the model's claim ordering
+    #: names the field ascending (:func:`in_line_field`); elsewhere the field is kept.
+    IN_LINE = "in_line"
 
 
 class Change(StrEnum):
@@ -95,22 +109,28 @@ class Change(StrEnum):
     PREREQUISITE_FAILED = "prerequisite_failed"
     #: the same with the policy ``hold``: the row stays ``waiting``, the text says why
     HOLD = "hold"
+    #: ``emit()`` wakes a row parked by ``wait_for_event()``: due now, in line from now
+    WAKE = "wake"
 
 
 #: The table: per state change, the optional fields it writes, in the order they are
 #: written. Every other optional field is kept: ``locked_by`` keeps the last holder
 #: (the reaper's and the release's error text names it); ``claimed_at`` the start of the
 #: last attempt (a finished row's runtime is ``finished_at - claimed_at``) until the
-#: operator's requeue clears it; ``priority``, ``created_at``
-#: and ``task_timeout`` are the producer's and no state change writes them.
+#: operator's requeue clears it; ``priority`` and ``task_timeout`` are the producer's and
+#: no state change writes them. ``created_at`` is the row's place in line: set when it is
+#: enqueued, moved to the due time by the changes a run asks for to come back later
+#: (``Retry``, ``Snooze``, a park of ``wait_for_event()``, and the emit that wakes it), so
+#: that a row that comes back never overtakes rows that were due before it; a row given
+#: back or reaped without asking (release, give-back, the reaper) keeps its place.
 RESETS: dict[Change, dict[str, Write]] = {
     Change.CLAIM: {"locked_by": Write.HOLDER, "claimed_at": Write.CLOCK},
     Change.COMPLETE: {"finished_at": Write.CLOCK},
     Change.FAIL: {"finished_at": Write.CLOCK, "last_error": Write.ERROR},
-    Change.RETRY: {"last_error": Write.ERROR, "run_after": Write.DUE},
+    Change.RETRY: {"last_error": Write.ERROR, "run_after": Write.DUE, "created_at": Write.IN_LINE},
     Change.GIVE_UP: {"finished_at": Write.CLOCK, "last_error": Write.ERROR},
     Change.GIVE_BACK: {},
-    Change.SNOOZE: {"run_after": Write.DUE},
+    Change.SNOOZE: {"run_after": Write.DUE, "created_at": Write.IN_LINE},
     Change.REQUEUE: {
         "run_after": Write.CLOCK,
         "claimed_at": Write.CLEAR,
@@ -123,6 +143,7 @@ RESETS: dict[Change, dict[str, Write]] = {
     Change.UNBLOCK: {},
     Change.PREREQUISITE_FAILED: {"finished_at": Write.CLOCK, "last_error": Write.ERROR},
     Change.HOLD: {"last_error": Write.ERROR},
+    Change.WAKE: {"run_after": Write.CLOCK, "created_at": Write.IN_LINE},
 }
 
 #: One step of a plan: the field's name, its attribute name, what it gets.
@@ -131,9 +152,17 @@ Step = tuple[str, str, Write]
 _PLANS: dict[type[models.Model], tuple[ClaimOptions, dict[Change, tuple[Step, ...]]]] = {}
 
 
+def in_line_field(opts: ClaimOptions) -> str | None:
+    """The field :attr:`Write.IN_LINE` moves for ``opts``'s model: ``created_at`` when
+    the model's claim ordering names it ascending (the default ordering does), else
+    ``None`` (the place in line is not a time the library may move)."""
+    return "created_at" if opts.has("created_at") and "created_at" in opts.ordering else None
+
+
 def plan(opts: ClaimOptions, change: Change) -> tuple[Step, ...]:
     """The rows of :data:`RESETS` for ``change`` that the model of ``opts`` has fields
-    for, in table order. Worked out once per model while its options are the same
+    for (an :attr:`Write.IN_LINE` row only where :func:`in_line_field` names it), in
+    table order. Worked out once per model while its options are the same
     object (options are rebuilt when settings change)."""
     model = opts.model
     kept = _PLANS.get(model)
@@ -144,7 +173,7 @@ def plan(opts: ClaimOptions, change: Change) -> tuple[Step, ...]:
         found = kept[1][change] = tuple(
             (name, str(getattr(model._meta.get_field(name), "attname", name)), what)
             for name, what in RESETS[change].items()
-            if opts.has(name)
+            if opts.has(name) and (what is not Write.IN_LINE or name == in_line_field(opts))
         )
     return found
 
@@ -162,7 +191,9 @@ def writes(
 
     ``holder``: the claiming worker (:attr:`Write.HOLDER`); ``error``: the error text, a
     string or an expression (:attr:`Write.ERROR`; ``None``: the field is kept);
-    ``delay``: seconds until the row is due (:attr:`Write.DUE`; ``0``: due now, ``NULL``).
+    ``delay``: seconds until the row is due (:attr:`Write.DUE`; ``0``: due now, ``NULL``;
+    :attr:`Write.IN_LINE`: the clock plus ``delay``, the clock alone on a model without
+    ``run_after``, whose rows are due at once whatever the delay).
     """
     out: dict[str, Any] = {}
     for name, _attname, what in plan(opts, change):
@@ -175,6 +206,9 @@ def writes(
         elif what is Write.ERROR:
             if error is not None:
                 out[name] = error
+        elif what is Write.IN_LINE:  # without run_after the row is due now, whatever delay
+            due = delay if delay > 0 and opts.has("run_after") else 0.0
+            out[name] = DbNow() + timedelta(seconds=due) if due else DbNow()
         else:  # Write.DUE
             out[name] = DbNow() + timedelta(seconds=delay) if delay > 0 else None
     return out

@@ -10,9 +10,11 @@ The first emit of a name wins; later ones change nothing and return ``False``.
 
 A parked row is ``ready`` with ``run_after`` at the wait's deadline (database clock):
 the timeout needs no poller of its own, the claim takes the row when it is due. The
-emit moves ``run_after`` to now. The parked attempt is not counted (as ``Snooze``), and
-the row's durable steps are kept, so its next run finds the payload — or, past the
-deadline, :class:`~django_taskclaim.exceptions.EventTimeout` from the same call.
+emit moves ``run_after`` to now, and the row's place in line (``created_at``) from the
+deadline back to now (``Change.WAKE`` of ``claim/resets.py``). The parked attempt is not
+counted (as ``Snooze``), and the row's durable steps are kept, so its next run finds the
+payload — or, past the deadline, :class:`~django_taskclaim.exceptions.EventTimeout` from
+the same call.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models, transaction
 from django.db.models import F
 
+from django_taskclaim.claim.resets import Change, writes
 from django_taskclaim.config import bounds
 from django_taskclaim.config.options import get_options
 from django_taskclaim.db import DbNow
@@ -93,7 +96,7 @@ def emit(name: str, payload: Any = None, *, using: str = "default") -> bool:
             model = apps.get_model(label)
             opts = get_options(model)
             rows = model._base_manager.using(using).filter(pk=model._meta.pk.to_python(key))
-            if rows.filter(opts.status_q("ready")).update(run_after=DbNow()):
+            if rows.filter(opts.status_q("ready")).update(**writes(opts, Change.WAKE)):
                 notify(model, using=using)  # after the commit, as for a new row
     return True
 
@@ -137,7 +140,7 @@ def wait_for_event(task: Any, name: str, timeout: float | timedelta) -> Any:
             timed_out = EventTimeout(name, seconds)
         else:
             timed_out = None
-            transitions.snooze(task, remaining)
+            transitions.snooze(task, remaining, floor=0.0)
     if timed_out is not None:
         raise timed_out
     raise Parked(remaining, f"waiting for event {name!r}")

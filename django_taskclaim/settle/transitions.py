@@ -223,14 +223,26 @@ def require_run_after(opts: ClaimOptions, what: str) -> None:
         )
 
 
-def snooze(task: Claimable, delay: float | timedelta = 0.0) -> Outcome:
-    """``processing`` → ``ready``, due after ``delay`` (database clock); the attempt not
-    counted, no error recorded, the row's steps kept. The model must have ``run_after``
+#: The shortest wait of a snoozed row, in seconds: a ``Snooze`` of less (``Snooze(0)``)
+#: is due this long after it was raised, so that a body that snoozes on every run cannot
+#: spin its worker (see docs/lifecycle.md, "Coming back later").
+SNOOZE_FLOOR = 1.0
+
+
+def snooze(
+    task: Claimable, delay: float | timedelta = 0.0, *, floor: float = SNOOZE_FLOOR
+) -> Outcome:
+    """``processing`` → ``ready``, due after ``delay`` (database clock) but not before
+    ``floor`` seconds (:data:`SNOOZE_FLOOR`; a park of ``wait_for_event()`` passes
+    ``0``: its next run ends the wait, it cannot loop); the attempt not counted, no error
+    recorded, the row's steps kept, its place in line moved to the due time (see
+    :data:`~django_taskclaim.claim.resets.RESETS`). The model must have ``run_after``
     (``ConfigurationError`` otherwise, nothing written)."""
     opts = get_options(task)
     require_run_after(opts, "be parked until later (Snooze)")
-    seconds = bounds.number(
-        delay, "snooze delay", bounds.RETRY_DELAY, seconds=True, error=ValueError
+    seconds = max(
+        floor,
+        bounds.number(delay, "snooze delay", bounds.RETRY_DELAY, seconds=True, error=ValueError),
     )
     updates: dict[str, Any] = {"locked_until": None, "attempts": F("attempts") - 1}
     updates.update(writes(opts, Change.SNOOZE, delay=seconds))

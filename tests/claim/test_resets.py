@@ -20,13 +20,14 @@ from django_taskclaim.claim.resets import (
     Write,
     apply_in_memory,
     holder_text,
+    in_line_field,
     plan,
     writes,
 )
 from django_taskclaim.config.claim_meta import OPTIONAL_FIELDS
 from django_taskclaim.config.options import get_options
 from django_taskclaim.db import DbNow
-from tests.support.testapp.models import ColumnTask, Document, Job
+from tests.support.testapp.models import ColumnTask, Document, Job, NullableOrderTask
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 WORDS = {
@@ -35,6 +36,7 @@ WORDS = {
     Write.CLEAR: "cleared",
     Write.ERROR: "error text",
     Write.DUE: "clock + delay",
+    Write.IN_LINE: "due time",
 }
 
 
@@ -70,12 +72,28 @@ def test_writes_follow_the_table_for_the_fields_a_model_has():
     assert isinstance(writes(opts, Change.COMPLETE)["finished_at"], DbNow)
     assert writes(opts, Change.REQUEUE)["finished_at"] is None
     assert writes(opts, Change.REQUEUE)["claimed_at"] is None
-    assert writes(opts, Change.RETRY, delay=0) == {"run_after": None}  # no error: kept
+    retried = writes(opts, Change.RETRY, delay=0)
+    assert list(retried) == ["run_after", "created_at"]  # no error: kept
+    assert retried["run_after"] is None  # due now ...
+    assert isinstance(retried["created_at"], DbNow)  # ... and in line from now
+    assert not isinstance(writes(opts, Change.SNOOZE, delay=5)["created_at"], DbNow)  # + 5 s
     assert "last_error" in writes(opts, Change.RETRY, error="x", delay=3)
     assert writes(opts, Change.GIVE_BACK) == {}
-    job = get_options(Job)  # no run_after, no finished_at
+    job = get_options(Job)  # no run_after, no finished_at, ordered by its own create_time
     assert writes(job, Change.REQUEUE) == {}
+    assert writes(job, Change.RETRY) == {}
     assert writes(job, Change.FAIL, error="boom") == {"last_error": "boom"}
+
+
+def test_the_place_in_line_moves_only_where_the_claim_ordering_names_created_at():
+    assert in_line_field(get_options(Document)) == "created_at"
+    assert in_line_field(get_options(ColumnTask)) == "created_at"  # its column: "enqueued"
+    # Ordered by its own "due": created_at is not a place in line and stays the enqueue time.
+    own = get_options(NullableOrderTask)
+    assert in_line_field(own) is None
+    assert "created_at" not in writes(own, Change.SNOOZE, delay=5)
+    assert "created_at" not in writes(own, Change.RETRY)
+    assert "created_at" not in writes(get_options(Job), Change.RETRY)  # none at all
 
 
 def test_plan_is_kept_per_options_object():

@@ -213,3 +213,17 @@ def process_after_event(task):
     """Wait for the event ``go:<pk>`` (30 s), then complete with its payload as result."""
     payload = task.wait_for_event(f"go:{task.pk}", 30)
     return {"result": f"got {payload}"}
+
+
+SNOOZED = "snoozed:"
+
+
+def process_snoozing(task):
+    """Log the run (``Ledger.at``, database clock), then ``Snooze(0)`` if the payload
+    says ``{"snooze": true}`` (on every run: such a row never ends), else return."""
+    from django_taskclaim.exceptions import Snooze
+
+    if (task.payload or {}).get("snooze"):
+        Ledger.objects.create(task_id=task.pk, token=task.version, worker=SNOOZED)
+        raise Snooze(0)
+    return {"result": f"processed {task.pk}"}
