@@ -3,9 +3,10 @@
 
 ``core`` (settings, ``ClaimMeta``, strategies, archives), ``locks`` (lock settings and
 poolers), ``concurrency_keys`` (the constraint behind ``ClaimMeta.concurrency_key``),
-``unique`` (unique-enqueue keys).
+``unique`` (unique-enqueue keys); ``schema`` (tables and columns) is tagged ``database``
+only, for ``--database`` and ``migrate``.
 """
 
-from django_taskclaim.checks import concurrency_keys, core, locks, unique
+from django_taskclaim.checks import concurrency_keys, core, locks, schema, unique
 
-__all__ = ["concurrency_keys", "core", "locks", "unique"]
+__all__ = ["concurrency_keys", "core", "locks", "schema", "unique"]

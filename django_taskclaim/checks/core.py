@@ -8,6 +8,9 @@
 - W003 / W010 / W011 pooler checks (transaction pooling declared; server-side cursors
   behind a transaction pooler; port 6432 with no pooler mode declared) — see
   :mod:`django_taskclaim.checks.locks`
+- W012 a table or column of a claimable model or of the app is missing, with its fix
+  (``migrate``, or ``makemigrations`` first) — tagged ``database`` only: run with
+  ``--database`` and by ``migrate``; see :mod:`django_taskclaim.checks.schema`
 - W004 a claimable model has no processing entry point (``process`` / ``ClaimMeta.handler``)
 - E004 invalid ``TASKCLAIM_POOLER_MODE``
 - E009 invalid ``TASKCLAIM_ATTEMPT_LOG``

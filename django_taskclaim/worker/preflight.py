@@ -1,11 +1,12 @@
 """What a worker checks of its database before it claims anything, and how it reports a
 database that keeps failing.
 
-- :func:`schema_problems`: the tables and columns of the models served and the app's own
+- :func:`schema_report`: the tables and columns of the models served and the app's own
   tables are in the database, asked of its introspection (one query for the table names
   per database, a few per model table: two on PostgreSQL, four on MariaDB). It runs once
-  at start, never per claim; a mismatch stops the worker with one line naming the fix
-  (``manage.py migrate``).
+  at start, never per claim; a mismatch stops the worker with one line naming the fix of
+  each table: ``manage.py migrate``, or ``makemigrations`` first where the migrations on
+  disk do not create what is missing (a field added to a mixin by an upgrade).
 - :func:`wait_for_database`: connect and check the schema, retrying a database error
   with backoff. A worker retries for as long as it takes (the database may be starting);
   with ``--burst`` it gives up after :func:`burst_wait` seconds
@@ -22,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.apps import apps
@@ -69,26 +71,101 @@ def migrate_fix(using: str) -> str:
     return f"run python manage.py migrate{extra}"
 
 
+def makemigrations_fix(app_label: str, using: str) -> str:
+    """``run python manage.py makemigrations <app>, then ...migrate``: the fix of a table
+    or column that the migrations of ``app_label`` do not create."""
+    return f"run python manage.py makemigrations {app_label}, then {migrate_fix(using)[4:]}"
+
+
+@dataclass(frozen=True)
+class SchemaProblem:
+    """One thing the database lacks (:func:`schema_report`) and who makes it.
+
+    ``what``: the phrase (``"table app_doc has no column note"``); ``app_label``: the app
+    of the model whose table it is; ``unmigrated``: the migrations of that app on disk
+    do not create it either (the model changed after its last migration, typically an
+    upgrade that added a field to a mixin), so ``migrate`` alone has nothing to apply:
+    ``makemigrations`` first. Otherwise a migration makes it and ``migrate`` is the fix
+    (always so for the app's own tables, whose migrations ship with it)."""
+
+    what: str
+    app_label: str
+    unmigrated: bool = False
+    #: the database the table belongs on, where it is not the one checked
+    database: str | None = None
+
+    def fix(self, using: str) -> str:
+        """The command that makes what is missing, as ``run python manage.py ...``."""
+        using = self.database or using
+        if self.unmigrated:
+            return makemigrations_fix(self.app_label, using)
+        return migrate_fix(using)
+
+    def line(self, using: str) -> str:
+        """``what`` and its fix: ``"table b_job has no column claimed_at: run ..."``."""
+        return f"{self.what}: {self.fix(using)}"
+
+
 def _app_models() -> list[type[Model]]:
     """The app's own concrete models (registry, lease locks, periodic slots)."""
     app = apps.get_containing_app_config(__name__)
     return [] if app is None else [m for m in app.get_models() if m._meta.managed]
 
 
-def schema_problems(
+class _OnDisk:
+    """The models as the migration files on disk leave them (no database is asked),
+    loaded on first use: only a schema that does not match pays for reading them."""
+
+    def __init__(self) -> None:
+        self._state: Any = None
+        self._unmigrated: set[str] = set()
+        self._failed = False
+
+    def _load(self) -> None:
+        if self._state is not None or self._failed:
+            return
+        try:
+            from django.db.migrations.loader import MigrationLoader
+
+            loader = MigrationLoader(None, ignore_no_migrations=True)
+            self._state = loader.project_state()
+            self._unmigrated = set(loader.unmigrated_apps)
+        except Exception:  # unreadable migrations: no advice beyond migrate
+            logger.debug("could not read the migrations on disk", exc_info=True)
+            self._failed = True
+
+    def lacks(self, model: type[Model], field_names: Iterable[str] = ()) -> bool:
+        """Whether the migrations on disk create neither ``model``'s table (no
+        ``field_names``) or do not create its fields ``field_names``."""
+        self._load()
+        if self._failed:
+            return False
+        label = model._meta.app_label
+        if label in self._unmigrated:
+            return True
+        found = self._state.models.get((label, model._meta.model_name))
+        if found is None:
+            return True
+        return any(name not in found.fields for name in field_names)
+
+
+def schema_report(
     models: Iterable[type[Model]], using: str, *, app_tables: bool = True
-) -> list[str]:
+) -> list[SchemaProblem]:
     """What the database ``using`` lacks of ``models`` (each table, each column of their
     concrete fields, parents' tables included) and, with ``app_tables``, of the app's own
-    tables on the databases they are routed to: one phrase each
-    (``"table app_doc has no column note"``), empty when all is there.
+    tables on the databases they are routed to: one :class:`SchemaProblem` per table,
+    empty when all is there. A table or column that the migrations on disk do not create
+    either is marked ``unmigrated`` (its fix is ``makemigrations``, then ``migrate``).
 
     Cheap: one introspection query for the table names of each database, a few per model
-    table (two on PostgreSQL, four on MariaDB/MySQL, in-process PRAGMAs on SQLite).
+    table (two on PostgreSQL, four on MariaDB/MySQL, in-process PRAGMAs on SQLite); the
+    migration files are read only when something is missing.
     Raises :class:`~django.db.DatabaseError` when a database cannot be asked.
     """
-    problems: list[str] = []
+    problems: list[SchemaProblem] = []
     tables: dict[str, set[str]] = {}
+    on_disk = _OnDisk()
 
     def present(alias: str) -> set[str]:
         if alias not in tables:
@@ -106,21 +183,27 @@ def schema_problems(
             if table in seen:
                 continue
             seen.add(table)
+            app_label = part._meta.app_label
             if table.lower() not in present(using):
-                problems.append(f"table {table} is missing")
+                problems.append(
+                    SchemaProblem(f"table {table} is missing", app_label, on_disk.lacks(part))
+                )
                 continue
             conn = connections[using]
             with conn.cursor() as cursor:
                 description = conn.introspection.get_table_description(cursor, table)
             columns = {column.name.lower() for column in description}
             missing = [
-                f.column
+                f
                 for f in part._meta.local_concrete_fields
                 if f.column and f.column.lower() not in columns
             ]
             if missing:
                 plural = "s" if len(missing) > 1 else ""
-                problems.append(f"table {table} has no column{plural} {', '.join(missing)}")
+                names = ", ".join(str(f.column) for f in missing)
+                what = f"table {table} has no column{plural} {names}"
+                unmigrated = on_disk.lacks(part, [f.name for f in missing])
+                problems.append(SchemaProblem(what, app_label, unmigrated))
     if app_tables:
         for model in _app_models():
             alias = router.db_for_write(model)
@@ -129,15 +212,39 @@ def schema_problems(
             table = model._meta.db_table
             if table.lower() not in present(alias):
                 where = "" if alias == using else f" on database {alias!r}"
-                problems.append(f"table {table} is missing{where}")
+                problems.append(
+                    SchemaProblem(
+                        f"table {table} is missing{where}",
+                        model._meta.app_label,
+                        database=None if alias == using else alias,
+                    )
+                )
     return problems
 
 
-def describe_problems(problems: list[str], using: str) -> str:
-    """One line for the problems :func:`schema_problems` found, naming the fix."""
+def schema_problems(
+    models: Iterable[type[Model]], using: str, *, app_tables: bool = True
+) -> list[str]:
+    """:func:`schema_report` as phrases (``"table app_doc has no column note"``), empty
+    when all is there."""
+    return [p.what for p in schema_report(models, using, app_tables=app_tables)]
+
+
+def schema_fix(problems: Iterable[SchemaProblem], using: str) -> str:
+    """The fix of all of ``problems`` at once: ``makemigrations`` of each app whose
+    migrations lack something, then ``migrate``; ``migrate`` alone when none does."""
+    labels = sorted({p.app_label for p in problems if p.unmigrated})
+    if not labels:
+        return migrate_fix(using)
+    return makemigrations_fix(" ".join(labels), using)
+
+
+def describe_problems(problems: list[SchemaProblem], using: str) -> str:
+    """One line for the problems :func:`schema_report` found, each table with its fix
+    (``migrate``, or ``makemigrations`` first where the migrations lack it)."""
     return (
         f"the schema of database {using!r} does not match the models: "
-        f"{'; '.join(problems)}: {migrate_fix(using)}"
+        f"{'; '.join(p.line(using) for p in problems)}"
     )
 
 
@@ -149,8 +256,8 @@ def wait_for_database(
     wake: threading.Event,
     worker_id: str,
     burst: bool,
-) -> list[str] | None:
-    """Connect to ``using`` and return :func:`schema_problems` (empty: the worker may
+) -> list[SchemaProblem] | None:
+    """Connect to ``using`` and return :func:`schema_report` (empty: the worker may
     start), retrying a database error with backoff (reported by an :class:`Outage`);
     ``None`` if ``stopping`` is set meanwhile (``wake`` cuts a backoff short). With
     ``burst``, raise :class:`DatabaseUnavailableError` once the failures have lasted
@@ -165,7 +272,7 @@ def wait_for_database(
     while not stopping.is_set():
         try:
             connections[using].ensure_connection()
-            problems = schema_problems(models, using)
+            problems = schema_report(models, using)
         except DatabaseError as exc:
             close(using)
             if for_alias(using).is_unknown_database(exc):
@@ -223,7 +330,7 @@ def check_now(plans: Iterable[Any]) -> str | None:
     try:
         for plan in plans:
             try:
-                problems = schema_problems(plan.models, plan.using)
+                problems = schema_report(plan.models, plan.using)
             except DatabaseError as exc:
                 if for_alias(plan.using).is_unknown_database(exc):
                     return missing_database_line(plan.using)

@@ -9,7 +9,7 @@ pooler in front of it, and the queue's rows. Every check and threshold is listed
 - ``TC-D001`` the database answers; ``TC-D002`` / ``TC-D003`` pooler mode; ``TC-D004``
   clock offset; ``TC-D005`` heartbeat against lease; ``TC-D006`` durable commits;
   ``TC-D007`` notify triggers (:mod:`.database`); ``TC-D008`` the model's table and
-  columns (:mod:`.schema`);
+  columns, ``TC-D009`` the app's own tables (:mod:`.schema`);
 - ``TC-D010`` – ``TC-D013`` claim and lease indexes, and the plans that read them
   (:mod:`.indexes`);
 - ``TC-D020`` – ``TC-D023`` queue health, ``TC-D024`` paused queues, ``TC-D025`` waiting
@@ -128,6 +128,10 @@ def _database(
             alias,
             None,
             _one(database.durable_commits, alias),
+        )
+    if connected and alias == registry:
+        found += guarded(
+            schema.APP_TABLES, "the app's tables", alias, None, _one(schema.app_tables, alias)
         )
     for model in models:
         found.append(database.heartbeat(model, alias))
