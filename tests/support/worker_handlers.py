@@ -213,3 +213,13 @@ def process_after_event(task):
     """Wait for the event ``go:<pk>`` (30 s), then complete with its payload as result."""
     payload = task.wait_for_event(f"go:{task.pk}", 30)
     return {"result": f"got {payload}"}
+
+
+#: The one event every row of :func:`process_after_shared_event` waits for.
+SHARED_EVENT = "shared-by-all"
+
+
+def process_after_shared_event(task):
+    """Wait for the event :data:`SHARED_EVENT` (600 s), then complete with its payload as
+    result: many rows waiting on one name."""
+    return {"result": f"got {task.wait_for_event(SHARED_EVENT, 600)}"}
