@@ -165,6 +165,25 @@ def test_waits_and_emits_inside_the_callers_transactions_do_not_deadlock_each_ot
         assert _due_now(title) == 10 + then.count("parked"), f"round {rnd}: a wake-up was lost"
 
 
+@pytest.mark.parametrize("awaited_before", [False, True], ids=["first-emit", "awaited-before"])
+def test_racing_emits_of_one_name_exactly_one_wins_and_its_payload_is_stored(awaited_before):
+    """Four emits of one name on four connections released together, 30 rounds: exactly
+    one returns ``True`` and the stored payload is its own. With the event row already
+    there (a row waited for it), only the emit's lock on that row decides; without it
+    the insert of the row does too. (SQLite: one writer at a time decides.)"""
+    for rnd in range(30):
+        name = f"first-{rnd}"
+        if awaited_before:
+            (task,) = _claimed(1, f"awaits {rnd}")
+            assert run_task(task, _waits_for(name)) == "ready"
+            assert TaskEvent.objects.filter(name=name, emitted_at=None).exists()
+        sent = _released_together(_emits(name, [{"from": k} for k in range(4)]))
+        assert sent.count(True) == 1, f"round {rnd}: emits returned {sent}"
+        stored = TaskEvent.objects.get(name=name)
+        assert stored.payload == {"from": sent.index(True)}
+        assert stored.emitted_at is not None
+
+
 def test_a_wait_that_finds_the_database_busy_is_retried_whole(caplog):
     """A transient error inside the wait (here at the row's parking, its last statement)
     rolls the whole try back, wait record included, and the wait runs again."""
