@@ -362,6 +362,20 @@ class DatabaseSQL(NotifySQL, DiagnosticsSQL, LockSQL):
         model, queue = (qn(cast(Any, meta.get_field(name)).column) for name in ("model", "queue"))
         return Statement(f"SELECT {model}, {queue} FROM {qn(meta.db_table)}", ())
 
+    # ------------------------------------------------------------------------ events
+
+    def event_insert(self, connection: Any, name: str) -> Statement:
+        """Insert the ``taskclaim.TaskEvent`` row of ``name``, not emitted, unless one
+        exists; on an uncommitted row of the same name it waits for that transaction.
+        Never an error on a duplicate and never a share lock on the existing row (the
+        caller then locks it ``FOR UPDATE``). Here ``ON CONFLICT (name) DO NOTHING``,
+        which takes no lock on the existing row at all."""
+        table, column = event_table(connection)
+        return Statement(
+            f"INSERT INTO {table} ({column}) VALUES (%s) ON CONFLICT ({column}) DO NOTHING",
+            (name,),
+        )
+
     # ----------------------------------------------------------------- connections
 
     #: The cheapest statement that proves a connection still answers.
@@ -411,3 +425,11 @@ class DatabaseSQL(NotifySQL, DiagnosticsSQL, LockSQL):
         """Whether a ``DATABASES`` entry names a database only one connection can see
         (SQLite in memory): no second thread or process may share its rows."""
         return False
+
+
+def event_table(connection: Any) -> tuple[str, str]:
+    """The ``taskclaim.TaskEvent`` table and its ``name`` column, quoted for
+    ``connection`` (found in the app registry: the models sit above the backends)."""
+    qn = connection.ops.quote_name
+    meta = apps.get_model("taskclaim", "TaskEvent")._meta
+    return qn(meta.db_table), qn(cast(Any, meta.get_field("name")).column)

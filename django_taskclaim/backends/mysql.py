@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from django.db import DatabaseError
 
-from django_taskclaim.backends.base import DatabaseSQL
+from django_taskclaim.backends.base import DatabaseSQL, event_table
 from django_taskclaim.backends.base_locks import AdvisoryKind, LeaseTable
 from django_taskclaim.backends.statement import Statement
 
@@ -190,6 +190,18 @@ class MySQL(DatabaseSQL):
     #: transaction is rolled back. Unique inserts inside a transaction therefore never
     #: wait here (see :mod:`django_taskclaim.model.unique`).
     duplicate_checks_deadlock: ClassVar[bool] = True
+
+    def event_insert(self, connection: Any, name: str) -> Statement:
+        """See :meth:`DatabaseSQL.event_insert`: a no-op ``ON DUPLICATE KEY UPDATE``, which
+        takes the exclusive lock of the existing row (waiting for it, as ``FOR UPDATE``
+        does). ``INSERT IGNORE`` would take InnoDB's share lock of the duplicate: two
+        transactions holding it and each then locking the row ``FOR UPDATE`` deadlock."""
+        table, column = event_table(connection)
+        return Statement(
+            f"INSERT INTO {table} ({column}) VALUES (%s) "
+            f"ON DUPLICATE KEY UPDATE {column} = {table}.{column}",
+            (name,),
+        )
 
     def get_lock_timeout(self) -> Statement:
         """``@@SESSION.innodb_lock_wait_timeout`` (whole seconds)."""

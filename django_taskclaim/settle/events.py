@@ -8,6 +8,13 @@ then found and woken by the emit. There is no moment where an emit can pass a wa
 An event emitted before anyone waits is kept: a later wait returns its payload at once.
 The first emit of a name wins; later ones change nothing and return ``False``.
 
+Any number of waits and emits of one name take turns at that row's lock, exclusive from
+the start (:func:`_locked_event`): none waits for another's share lock, so they do not
+deadlock each other, on MySQL / MariaDB either. A deadlock or serialization failure that
+still happens (with locks the caller's own transaction holds, say) is retried whole, as
+the settles are (:func:`~django_taskclaim.db.retry_transient`), except inside the
+caller's transaction, which only the caller can run again.
+
 A parked row is ``ready`` with ``run_after`` at the wait's deadline (database clock):
 the timeout needs no poller of its own, the claim takes the row when it is due. The
 emit moves ``run_after`` to now, and the row's place in line (``created_at``) from the
@@ -25,13 +32,14 @@ from typing import Any
 
 from django.apps import apps
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import models, transaction
+from django.db import connections, models, transaction
 from django.db.models import F
 
+from django_taskclaim.backends import for_connection
 from django_taskclaim.claim.resets import Change, writes
 from django_taskclaim.config import bounds
 from django_taskclaim.config.options import get_options
-from django_taskclaim.db import DbNow
+from django_taskclaim.db import DbNow, retry_transient
 from django_taskclaim.exceptions import EventTimeout, Parked
 from django_taskclaim.settle import transitions
 from django_taskclaim.wakeup.notify import notify
@@ -60,9 +68,18 @@ def _check_name(name: Any) -> str:
 
 def _locked_event(name: str, using: str) -> tuple[Any, Any, Any]:
     """The event row of ``name``, created if missing, locked until the transaction
-    ends: (pk, emitted_at, payload)."""
-    event = apps.get_model(EVENT_MODEL)
-    event._base_manager.using(using).bulk_create([event(name=name)], ignore_conflicts=True)
+    ends: (pk, emitted_at, payload).
+
+    A row already there is locked ``FOR UPDATE`` at once (a plain read finds it first);
+    a missing one is inserted by the vendor's
+    :meth:`~django_taskclaim.backends.base.DatabaseSQL.event_insert`, which on a
+    duplicate never takes a share lock. A share lock and then ``FOR UPDATE`` of the same
+    row is what deadlocked two waits on InnoDB: each held the share lock that the
+    other's exclusive lock waited for."""
+    if not _events(using).filter(name=name).exists():
+        conn = connections[using]
+        with conn.cursor() as cursor:
+            cursor.execute(*for_connection(conn).event_insert(conn, name))
     found = (
         _events(using)
         .select_for_update()
@@ -84,6 +101,11 @@ def emit(name: str, payload: Any = None, *, using: str = "default") -> bool:
         value = json.loads(json.dumps(payload, cls=DjangoJSONEncoder))
     except (TypeError, ValueError) as exc:
         raise TypeError(f"emit({name!r}): the payload is not JSON ({exc})") from None
+    return retry_transient(lambda: _emit(name, value, using), using, what=f"emit {name!r}")
+
+
+def _emit(name: str, value: Any, using: str) -> bool:
+    """One try of :func:`emit`, in one transaction (or the caller's)."""
     with transaction.atomic(using=using):
         pk, emitted_at, _ = _locked_event(name, using)
         if emitted_at is not None:
@@ -118,11 +140,27 @@ def wait_for_event(task: Any, name: str, timeout: float | timedelta) -> Any:
     using = task._state.db or "default"
     model = type(task)._meta.concrete_model or type(task)
     where = {"task_model": str(model._meta.label), "task_pk": str(task.pk), "name": name}
+    what = f"wait for event {name!r}"
+    emitted, found = retry_transient(lambda: _wait(task, where, seconds, using), using, what=what)
+    if emitted:
+        return found
+    if found is None:
+        raise EventTimeout(name, seconds)
+    raise Parked(found, f"waiting for event {name!r}")
+
+
+def _wait(task: Any, where: dict[str, str], seconds: float, using: str) -> tuple[bool, Any]:
+    """One try of :func:`wait_for_event`, in one transaction (or the caller's):
+    ``(True, payload)`` when the event was emitted; else ``(False, seconds left)`` with
+    the row parked for them, or ``(False, None)`` past the deadline. The row is parked
+    last, and ``task``'s token moves only once that write is done: a try that fails
+    before leaves ``task`` as it was, for the next one."""
+    name = where["name"]
     with transaction.atomic(using=using):
         _pk, emitted_at, payload = _locked_event(name, using)
         if emitted_at is not None:
             _waits(using).filter(**where).delete()  # done with: a new wait starts afresh
-            return payload
+            return True, payload
         wait = apps.get_model(WAIT_MODEL)
         _waits(using).bulk_create(
             [wait(**where, deadline=DbNow() + timedelta(seconds=seconds))], ignore_conflicts=True
@@ -137,10 +175,6 @@ def wait_for_event(task: Any, name: str, timeout: float | timedelta) -> Any:
         remaining = left.total_seconds()
         if remaining <= 0:
             _waits(using).filter(**where).delete()  # a new wait starts a new deadline
-            timed_out = EventTimeout(name, seconds)
-        else:
-            timed_out = None
-            transitions.snooze(task, remaining, floor=0.0)
-    if timed_out is not None:
-        raise timed_out
-    raise Parked(remaining, f"waiting for event {name!r}")
+            return False, None
+        transitions.snooze(task, remaining, floor=0.0)
+    return False, remaining

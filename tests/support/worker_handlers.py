@@ -227,3 +227,13 @@ def process_snoozing(task):
         Ledger.objects.create(task_id=task.pk, token=task.version, worker=SNOOZED)
         raise Snooze(0)
     return {"result": f"processed {task.pk}"}
+
+
+#: The one event every row of :func:`process_after_shared_event` waits for.
+SHARED_EVENT = "shared-by-all"
+
+
+def process_after_shared_event(task):
+    """Wait for the event :data:`SHARED_EVENT` (600 s), then complete with its payload as
+    result: many rows waiting on one name."""
+    return {"result": f"got {task.wait_for_event(SHARED_EVENT, 600)}"}
