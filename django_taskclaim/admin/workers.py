@@ -37,10 +37,54 @@ from django_taskclaim.admin.own_models import ReadOnlyAdminMixin
 from django_taskclaim.admin.pause import pause_view
 from django_taskclaim.db import DbNow
 from django_taskclaim.models import WorkerProcess
-from django_taskclaim.rules import heard_from_recently, live_worker_q, silent_worker_q
+from django_taskclaim.rules import (
+    heard_from_recently,
+    live_worker_q,
+    silent_after,
+    silent_worker_q,
+)
 from django_taskclaim.worker.maintenance.registry import request_stop
 
 __all__ = ["WorkerProcessAdmin", "running_since"]
+
+
+#: How many asked workers the Stop message names one by one.
+NAMED = 5
+
+
+def stop_outlook(asked: list[str], ages: dict[str, float]) -> str:
+    """What the Stop action knows about the workers it asked (``ages``: seconds since
+    each one's last heartbeat, by the database clock): only when each was last heard
+    from. A request reaches a running worker at its next registry refresh; a worker that
+    was killed a second ago looks the same until it fails to beat again, so nothing is
+    promised: a worker that never beats again is shown silent, and its rows come back
+    when their leases end (the reaper), not before (silence is not proof of death)."""
+    parts = []
+    for worker_id in asked[:NAMED]:
+        age = max(0.0, ages.get(worker_id, 0.0))
+        part = _("%(worker)s: last heartbeat %(age)s ago") % {
+            "worker": worker_id,
+            "age": humanize_seconds(age),
+        }
+        if age > silent_after():
+            part += " (" + str(_("silent: presumed gone unless it beats again")) + ")"
+        parts.append(str(part))
+    if len(asked) > NAMED:
+        parts.append(str(_("%(count)s more") % {"count": len(asked) - NAMED}))
+    return (
+        "; ".join(parts)
+        + ". "
+        + str(
+            _(
+                "A worker that is running sees the request at its next registry refresh "
+                "(within 10s), claims nothing more, finishes the tasks it runs and exits. "
+                "One that does not beat again (killed, its host down) is shown silent "
+                "%(silent)s after its last heartbeat, and its rows come back when their "
+                "leases end (sooner only if its supervisor saw it exit), not before."
+            )
+            % {"silent": humanize_seconds(silent_after())}
+        )
+    )
 
 
 class _AliveFilter(admin.SimpleListFilter):
@@ -179,8 +223,13 @@ class WorkerProcessAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         log one entry per worker asked."""
         if not self.has_stop_permission(request):
             raise PermissionDenied
-        rows = list(queryset.values_list("worker_id", "stopped_at", "stop_requested_at"))
-        wanted = [wid for wid, stopped, asked in rows if stopped is None and asked is None]
+        rows = list(
+            queryset.annotate(**{NOW_ANNOTATION: DbNow()}).values_list(
+                "worker_id", "stopped_at", "stop_requested_at", "last_seen", NOW_ANNOTATION
+            )
+        )
+        wanted = [wid for wid, stopped, asked, _, _ in rows if stopped is None and asked is None]
+        ages = {wid: (now - seen).total_seconds() for wid, _, _, seen, now in rows}
         by = request.user.get_username()
         asked = []
         for worker_id in wanted:  # one statement each: the log says exactly who was asked
@@ -199,10 +248,10 @@ class WorkerProcessAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         if skipped:
             text += " (" + str(_("already stopped or already asked")) + ")"
         if asked:
-            text += ". " + str(
-                _("Each stops at its next heartbeat, after finishing the tasks it runs")
-            )
-        self.message_user(request, text + ".", messages.SUCCESS if asked else messages.WARNING)
+            text += ". " + stop_outlook(asked, ages)
+        else:
+            text += "."
+        self.message_user(request, text, messages.SUCCESS if asked else messages.WARNING)
 
     @admin.display(description=_("state"))
     def state_badge(self, obj: WorkerProcess) -> str:

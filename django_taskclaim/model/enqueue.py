@@ -26,7 +26,7 @@ from django_taskclaim.config.claim_meta import CLAIM_STATE_FIELDS, SLOT_FIELD
 from django_taskclaim.config.options import ClaimOptions, get_options
 from django_taskclaim.db import retry_transient
 from django_taskclaim.exceptions import ConfigurationError, DependencyError, NotClaimableError
-from django_taskclaim.settle.dependents import plan_after, write_edges
+from django_taskclaim.settle.dependents import plan_after, seal_after, write_edges
 from django_taskclaim.wakeup.notify import notify
 
 #: Fields a producer may not set: the library writes them (``created_at`` is the FIFO key,
@@ -147,7 +147,8 @@ def create_after(
     queryset: models.QuerySet, fields: dict[str, Any], after: Any, on_failure: str
 ) -> Any:
     """``create(**fields)`` of a row that waits for the rows ``after`` (docs/workflows.md):
-    the row, its edges and the lock on its prerequisites in one transaction; it starts
+    the row, its edges and, last, the lock on its unsettled prerequisites (held to the
+    commit only: see ``seal_after``) in one transaction; it starts
     ``waiting`` (or ``ready`` when every prerequisite is done already, or ``cancelled``
     when one failed and ``on_failure`` is ``cancel``). The body of ``create(after=…)``."""
     model = queryset.model
@@ -176,6 +177,7 @@ def insert_after(
         plan.apply(get_options(model), obj)
         obj.save(force_insert=True, using=using)  # a ready row notifies from post_save
         write_edges(plan, model, [obj], using)
+        seal_after(plan, model, [obj], using)  # last: the prerequisites' locks, to the commit
     return obj
 
 
@@ -243,6 +245,7 @@ def insert_many_after(
             plan.apply(opts, obj)
         _insert(model, objs, using, batch_size)
         write_edges(plan, model, objs, using)
+        seal_after(plan, model, objs, using)  # last: the prerequisites' locks, to the commit
         if plan.state == "ready":
             notify(model, using=using)
     return objs

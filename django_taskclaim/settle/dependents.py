@@ -4,9 +4,11 @@ row's dependents in the transaction of its final settle. See docs/workflows.md.
 The one home of the rule "a row waits until its prerequisites settle":
 
 - :func:`plan_after` (enqueue, inside the producer's transaction): checks ``after=``,
-  locks the prerequisite rows, and says in which state the new rows start (``ready``,
-  ``waiting``, or ``cancelled`` when a prerequisite already failed and the policy is
-  ``cancel``) and which edges to write; :func:`write_edges` writes them.
+  reads the prerequisite rows (no lock), and says in which state the new rows start
+  (``ready``, ``waiting``, or ``cancelled`` when a prerequisite already failed and the
+  policy is ``cancel``) and which edges to write; :func:`write_edges` writes them, and
+  :func:`seal_after`, the last step before the commit, locks the prerequisites read
+  unsettled and settles the new edges of those that settled meanwhile.
 - :func:`release_dependents` (every final settle of a model declaring
   ``ClaimMeta.dependents``, inside that settle's transaction): closes the settled rows'
   open edges and, under a row lock on each dependent, releases the dependent whose last
@@ -24,6 +26,19 @@ counter's read is a locking read and the edges are closed by a conditional ``UPD
 so MariaDB's repeatable-read snapshot cannot hide the other's write. Only the edges
 being closed and the counter are read: a settle costs the same whatever the number of
 the dependent's other prerequisites (a fan-in of 100,000).
+
+Why the enqueue locks its prerequisites last (:func:`seal_after`), not first: a
+prerequisite's settle must either come before the enqueue reads its state (the enqueue
+then sees it final) or find the enqueue's edges (committed). The settle's ``UPDATE`` of
+the prerequisite and the enqueue's locking read conflict (``FOR UPDATE``; PostgreSQL's
+weaker ``FOR SHARE`` conflicts with that ``UPDATE`` just the same, and ``FOR KEY
+SHARE`` not at all, so no weaker lock would shorten the wait), so one of them waits for
+the other's commit. Taken at the start, that lock made a settle wait for the whole
+enqueue (rows, edges and counters written: 27 s for 100,000 prerequisites); taken at the
+end, a settle waits at most for the seal (one locking read per :data:`CHUNK`
+prerequisites still unsettled, the edges of those that settled meanwhile closed, the
+commit). A settle that committed before the seal's read is seen by it; one that comes
+after waits for the commit and then finds the edges.
 """
 
 from __future__ import annotations
@@ -90,6 +105,8 @@ class Plan:
     error: str | None
     policy: str
     edges: list[tuple[str, str, str]] = field(default_factory=list)
+    #: The prerequisites read unsettled, per model: :func:`seal_after` locks them.
+    unsettled: dict[type[models.Model], list[Any]] = field(default_factory=dict)
 
     def apply(self, opts: ClaimOptions, obj: models.Model) -> None:
         """Set ``obj`` (unsaved) to start as planned."""
@@ -168,9 +185,10 @@ def plan_after(
     rows: Sequence[Any] = (),
 ) -> Plan:
     """Check ``after=`` for new rows of ``model`` (``rows``, unsaved) and say how they
-    start. Run inside the transaction that inserts them: the prerequisites are locked
-    (``FOR UPDATE``) until it commits, so a prerequisite's settle either comes before
-    (its final state is read here) or after (it finds the edges this writes). Raises
+    start. Run inside the transaction that inserts them; the prerequisites are read
+    without a lock: :func:`seal_after`, called after the edges are written, locks those
+    read unsettled until the commit, so a prerequisite's settle either comes before
+    (the seal reads its final state) or after (it finds the edges). Raises
     :class:`~django_taskclaim.exceptions.DependencyError` before anything is written."""
     prereqs = _check(model, after, using, on_failure, rows)
     by_model: dict[type[models.Model], set[Any]] = {}
@@ -186,18 +204,18 @@ def plan_after(
             found.update(
                 (key_of(pk), rest)
                 for pk, *rest in pmodel._base_manager.using(using)
-                .select_for_update()
                 .filter(pk__in=wanted[i : i + CHUNK])
-                .order_by("pk")
                 .values_list("pk", *fields)
             )
-        for pk in sorted(by_model[pmodel], key=key_of):
+        for pk in wanted:
             key = key_of(pk)
             if key not in found:
                 raise DependencyError(f"after=: {popts.label} #{key} does not exist (deleted?)")
             state = popts.state_of(found[key][0]) or "unknown"
             error = str(found[key][1] or "") if len(found[key]) > 1 else ""
             plan.edges.append(_edge_of(plan, label_of(pmodel), key, state, error))
+            if state not in TERMINAL_STATES:
+                plan.unsettled.setdefault(pmodel, []).append(pk)
     if plan.state == "ready" and any(o == OPEN for _, _, o in plan.edges):
         plan.state = "waiting"
     return plan
@@ -260,6 +278,60 @@ def write_edges(plan: Plan, model: type[models.Model], objs: Iterable[Any], usin
     fan_in._base_manager.using(using).bulk_create(counters, batch_size=CHUNK)
 
 
+def seal_after(plan: Plan, model: type[models.Model], objs: Iterable[Any], using: str) -> None:
+    """The last step of an enqueue ``after=``, just before its commit, once the rows
+    ``objs`` of ``model`` and their edges (:func:`write_edges`) are written: lock the
+    prerequisites :func:`plan_after` read unsettled (``FOR UPDATE``, :data:`CHUNK` at a
+    time, in key order) and settle the new rows' edges from those that reached a final
+    state since, as their settle would have (:func:`_settle_edges`: the counter, the
+    release or the policy). Their settles committed before this read and could not see
+    the edges; a settle that comes after waits for this commit and finds them. The
+    locks are held from here to the commit only, so a settle waits for the seal, not
+    for the whole enqueue."""
+    keys = [key_of(obj.pk) for obj in objs]
+    label = label_of(model)
+    changed = False
+    for pmodel in sorted(plan.unsettled, key=lambda m: m._meta.label):
+        popts = get_options(pmodel)
+        fields = [popts.status_field] + (["last_error"] if popts.has("last_error") else [])
+        wanted = sorted(plan.unsettled[pmodel], key=key_of)
+        settled: dict[str, list[str]] = {}
+        errors: dict[str, str] = {}
+        seen = 0
+        for i in range(0, len(wanted), CHUNK):
+            for pk, status, *rest in (
+                pmodel._base_manager.using(using)
+                .select_for_update()
+                .filter(pk__in=wanted[i : i + CHUNK])
+                .order_by("pk")
+                .values_list("pk", *fields)
+            ):
+                seen += 1
+                state = popts.state_of(status)
+                if state in TERMINAL_STATES:
+                    settled.setdefault(str(state), []).append(key_of(pk))
+                    errors[key_of(pk)] = str(rest[0] or "") if rest else ""
+        if seen != len(wanted):
+            raise DependencyError(f"after=: a {popts.label} prerequisite was deleted meanwhile")
+        plabel = label_of(pmodel)
+        for state in sorted(settled):
+            for dkey in keys:
+                _settle_edges(plabel, set(settled[state]), state, label, dkey, using, errors)
+            changed = True
+    if changed:  # the instances say what the rows now are (released, cancelled, held)
+        _refresh(model, list(objs), using)
+
+
+def _refresh(model: type[models.Model], objs: list[Any], using: str) -> None:
+    names = [f.attname for f in model._meta.concrete_fields if not f.primary_key]
+    for i in range(0, len(objs), CHUNK):
+        part = objs[i : i + CHUNK]
+        now = model._base_manager.using(using).in_bulk([obj.pk for obj in part])
+        for obj in part:
+            for name in names:
+                setattr(obj, name, getattr(now[obj.pk], name))
+
+
 def settle_and_release[T](
     model: type[models.Model],
     using: str,
@@ -316,14 +388,27 @@ def _dependents_of(label: str, keys: list[str], using: str) -> list[tuple[str, s
 
 
 def _settle_edges(
-    label: str, keys: set[str], state: str, dlabel: str, dkey: str, using: str
+    label: str,
+    keys: set[str],
+    state: str,
+    dlabel: str,
+    dkey: str,
+    using: str,
+    errors: dict[str, str] | None = None,
 ) -> bool:
     """Settle the open edges from ``label`` ``keys`` to one dependent, under the lock of
     its fan-in counter; return whether the dependent was cancelled (its own dependents
     follow). What is read and written is the counter row, the edges being closed and
     the dependent's row, never the dependent's other edges: the same cost for ten
     prerequisites or 100,000. The dependent's writes are conditional on its being
-    ``waiting`` (an operator may have cancelled it meanwhile)."""
+    ``waiting`` (an operator may have cancelled it meanwhile). ``errors``: the
+    prerequisites' ``last_error`` when the caller read them already (the seal)."""
+
+    def error_of(key: str) -> str:
+        if errors is not None and key in errors:
+            return errors[key]
+        return _prerequisite_error(label, key, using)
+
     dmodel = apps.get_model(dlabel)
     dopts = get_options(dmodel)
     mine = _edges(using).filter(
@@ -353,7 +438,7 @@ def _settle_edges(
     if state != "done" and policy == "hold":
         key = mine.values_list("prerequisite_pk", flat=True).first()
         if key is not None:  # held: the edge stays open, the row says why
-            text = _why(label, key, state, _prerequisite_error(label, key, using), policy)
+            text = _why(label, key, state, error_of(key), policy)
             waiting.update(**writes(dopts, Change.HOLD, error=text))
         return False
     closed = mine.update(outcome=state, settled_at=DbNow())
@@ -386,7 +471,7 @@ def _settle_edges(
             .values_list("prerequisite_pk", flat=True)
             .first()
         )
-        text = _why(label, key, state, _prerequisite_error(label, key, using), policy)
+        text = _why(label, key, state, error_of(key), policy)
         cancelled = bool(
             waiting.update(
                 **{

@@ -5,6 +5,7 @@ logged like pause. Real worker processes on the suite's database."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -188,3 +189,51 @@ def test_a_request_left_for_an_earlier_process_under_the_same_id_does_not_stop_t
     assert (row.stop_requested_at, row.stop_requested_by, row.stopped_at) == (None, "", None)
     assert w.alive()
     assert w.stop() == 0
+
+
+def _stop_message(client: Client, row: WorkerProcess) -> str:
+    resp = client.post(
+        reverse(WORKERS), {"action": "stop_workers", "_selected_action": [row.pk]}, follow=True
+    )
+    html = resp.content.decode()
+    assert "1 asked to stop, 0 skipped" in html
+    return html
+
+
+def test_stop_of_a_worker_killed_a_second_ago_says_what_is_known_not_that_it_stops(
+    procs, tmp_path, django_user_model
+):
+    """The admin cannot tell a worker killed a second ago from a live one: the message
+    says when it was last heard from and what happens if it never beats again, and
+    promises no stop."""
+    gate = tmp_path / "gate"
+    running = Document.objects.create(title="running", payload={"gate": str(gate)})
+    w = start_gated(procs, "steer-killed")
+    wait_for(lambda: running_pks("steer-killed") == [str(running.pk)], what="the body")
+    w.kill()
+    row = registry_row("steer-killed")
+    assert row is not None
+    client = staff_client(django_user_model, "ops", "view_workerprocess", "change_workerprocess")
+    html = _stop_message(client, row)
+    assert "stops at its next heartbeat" not in html
+    assert "steer-killed: last heartbeat " in html
+    assert "silent: presumed gone" not in html  # heard from recently: nothing more is known
+    assert "One that does not beat again (killed, its host down) is shown silent 1m 00s" in html
+    assert "its rows come back when their leases end" in html
+
+
+def test_stop_of_a_silent_worker_says_it_is_presumed_gone(django_user_model):
+    """A worker last heard from five minutes ago (longer than
+    ``TASKCLAIM_WORKER_SILENT_AFTER``) is named as silent, presumed gone."""
+    from datetime import timedelta
+
+    row = WorkerProcess.objects.create(worker_id="w-stale", hostname="h", pid=1)
+    WorkerProcess.objects.filter(pk=row.pk).update(last_seen=DbNow() - timedelta(seconds=300))
+    fresh = WorkerProcess.objects.create(worker_id="w-fresh", hostname="h", pid=2)
+    client = staff_client(django_user_model, "ops", "view_workerprocess", "change_workerprocess")
+    html = _stop_message(client, row)
+    assert "w-stale: last heartbeat 5m 0" in html
+    assert "(silent: presumed gone unless it beats again)" in html
+    html = _stop_message(client, fresh)
+    # heard from within the minute: its age only, no guess (whatever the load made it)
+    assert re.search(r"w-fresh: last heartbeat \d+s ago\. A worker that is running", html)
