@@ -284,6 +284,9 @@ def test_every_link_and_form_of_the_admin_is_bounded(admin_client) -> None:
         # count ran for minutes on this table): its statement is cancelled, and explained
         cursor.execute("SET statement_timeout = '30s'")
     html = walk.get(base)
+    # the summary's estimates invent no row: none is cancelled, none waits
+    assert 'data-state="cancelled" data-count="0"' in html
+    assert 'data-state="waiting" data-count="0"' in html
     links = links_of(html)
     # the changelist's links: filters, sorting, pages, the summary, a facet link if any
     assert any("taskclaim_status=failed" in link for link in links), sorted(links)
