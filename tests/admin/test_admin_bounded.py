@@ -29,6 +29,7 @@ import json
 import re
 from datetime import timedelta
 from html import unescape
+from html.parser import HTMLParser
 from typing import Any
 
 import pytest
@@ -147,6 +148,7 @@ class Walk:
         self.known: dict[str, str] = {}
         self.pages = 0
         self.statements = 0
+        self.posted: list[str] = []
 
     def _check(self, what: str, queries: list[dict[str, Any]]) -> None:
         self.pages += 1
@@ -184,10 +186,14 @@ class Walk:
         return resp.content.decode()
 
     def post(self, url: str, data: dict[str, Any]) -> Any:
+        self.posted.append(url)
         with CaptureQueriesContext(connection) as ctx:
             resp = self.client.post(url, data)
         assert resp.status_code in (200, 302), (url, resp.status_code)
-        what = f"POST {url} action={data.get('action')} select_across={data.get('select_across')}"
+        what = f"POST {url} " + " ".join(
+            f"{k}={v}" for k, v in sorted(data.items()) if k in ("action", "select_across", "op")
+        )
+        what += " " + " ".join(k for k in sorted(data) if k.startswith("taskclaim"))
         self._check(what, ctx.captured_queries)
         return resp
 
@@ -196,6 +202,52 @@ def links_of(html: str) -> set[str]:
     """The changelist's own links (``href="?…"``): filters, sorting, pages, facets, the
     summary's."""
     return {unescape(h) for h in re.findall(r'href="(\?[^"]*)"', html)}
+
+
+class _Forms(HTMLParser):
+    """The POST forms of a page: (action, fields, submit buttons as (name, value))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forms: list[tuple[str, dict[str, str], list[tuple[str, str]]]] = []
+        self._open = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "form":
+            self._open = a.get("method", "").lower() == "post"
+            if self._open:
+                self.forms.append((a.get("action", ""), {}, []))
+        elif self._open and tag in ("input", "button", "select"):
+            _action, fields, buttons = self.forms[-1]
+            kind = a.get("type", "submit" if tag == "button" else "text")
+            if kind == "submit" and a.get("name"):
+                buttons.append((a["name"], a.get("value", "")))
+            elif a.get("name") and kind in ("hidden", "text"):
+                fields[a["name"]] = a.get("value", "")
+            elif tag == "select" and a.get("name"):
+                fields[a["name"]] = ""  # its first option's value is filled below
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "form":
+            self._open = False
+
+
+def post_forms(html: str, page: str, *, only: str) -> list[tuple[str, dict[str, str]]]:
+    """Each submit button of the POST forms of ``html`` whose action contains ``only``,
+    as (url, data) to post."""
+    parser = _Forms()
+    parser.feed(html)
+    options = dict(re.findall(r'<select name="([^"]+)"[^>]*>\s*<option value="([^"]*)"', html))
+    out = []
+    for action, fields, buttons in parser.forms:
+        url = unescape(action) or page
+        if only not in url:
+            continue
+        data = {k: options.get(k, v) if v == "" else v for k, v in fields.items()}
+        for name, value in buttons:
+            out.append((url, {**data, name: unescape(value)}))
+    return out
 
 
 def fill() -> None:
@@ -302,10 +354,21 @@ def test_every_link_and_form_of_the_admin_is_bounded(admin_client) -> None:
                     walk.get(base + more)
     walk.get(f"{base}?q=document+4242")
     walk.get(f"{base}?q=4242")
-    # a row's change page: a failed row (error, attempts), a held one, a ready one
-    for pk in rows:
-        walk.get(reverse("admin:testapp_document_change", args=(pk,)))
+    # a row's change page: a failed row (error, attempts), a held one, a ready one; and
+    # its buttons (Retry, Requeue, Cancel, ... as the row's state offers them)
+    pages = {pk: reverse("admin:testapp_document_change", args=(pk,)) for pk in rows}
+    forms = []
+    for pk, url in pages.items():
+        forms += post_forms(walk.get(url), url, only="/taskclaim/")
         walk.get(reverse("admin:testapp_document_history", args=(pk,)))
+    assert forms
+    for url, data in forms:
+        walk.post(url, data)
+    # the changelist's pause form (pause, then resume)
+    pause_forms = post_forms(walk.get(base), base, only="pause")
+    assert pause_forms
+    for url, data in sorted(pause_forms, key=lambda f: f[1].get("op") != "pause"):
+        walk.post(url, data)
     # the actions: over the visible page (a deletion: its confirmation page), and over
     # "select all" of the whole list and of a filter an index serves
     visible = list(Document.objects.order_by("-pk").values_list("pk", flat=True)[:100])
@@ -325,18 +388,25 @@ def test_every_link_and_form_of_the_admin_is_bounded(admin_client) -> None:
         walk.post(f"{base}?taskclaim_status=ready", data)
         if action == "taskclaim_release":  # legal for the held rows only: a walk of all
             walk.post(base, data)
-    # the dashboard, the worker pages
-    walk.get(reverse("admin:taskclaim_dashboard"))
+    # the dashboard and its pause forms, the worker pages
+    dashboard = reverse("admin:taskclaim_dashboard")
+    for url, data in post_forms(walk.get(dashboard), dashboard, only="pause"):
+        walk.post(url, data)
     workers = reverse("admin:taskclaim_workerprocess_changelist")
     for link in sorted(links_of(walk.get(workers))):
         walk.get(workers + link)
     for worker in WorkerProcess.objects.all():
         walk.get(reverse("admin:taskclaim_workerprocess_change", args=(worker.pk,)))
+    first = WorkerProcess.objects.order_by("pk").values_list("pk", flat=True)[:1]
+    for across in ("0", "1"):
+        data = {"action": "stop_workers", "index": 0, "select_across": across}
+        walk.post(workers, {**data, "_selected_action": list(first)})
     with connection.cursor() as cursor:
         cursor.execute("RESET statement_timeout")
     assert walk.pages > 40
     assert walk.statements > 100
     assert not walk.problems, "\n\n".join(walk.problems)
-    print("\n\nknown, Django's, unbounded without an index of the model:")
+    print(f"\n\n{walk.pages} pages, {walk.statements} SELECTs explained; posted: {walk.posted}")
+    print("known, unbounded without an index of the model:")
     for reason, example in walk.known.items():
         print(f"- {reason}\n{example}\n")
