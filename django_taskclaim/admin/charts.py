@@ -247,7 +247,7 @@ def _ready_counts(opts: ClaimOptions, qs: Any, split: bool) -> dict[str | None, 
         return ready
     waiting = qs.filter(opts.status_q("ready")).order_by()
     if split:
-        for row in waiting.values(QUEUE_FIELD).annotate(n=Count("pk")):
+        for row in waiting.values(QUEUE_FIELD).annotate(n=Count("*")):
             ready[None] += row["n"]
             ready[_series(row[QUEUE_FIELD])] += row["n"]
     else:

@@ -103,6 +103,11 @@ class ClaimableAdminMixin(TaskPageMixin, ClaimActionsMixin, RuntimeColumnMixin):
 
     #: Show the per-status summary above the changelist.
     claim_summary: bool = True
+    #: No "Show counts" link: Django's facets count every filter choice over the listed
+    #: rows on each page load (a scan of the table per page). Setting ``ShowFacets.ALLOW``
+    #: or ``ALWAYS`` on your admin brings them back; the claim filters then count in one
+    #: pass (:class:`~django_taskclaim.admin.filters.ClaimFilter`), docs/admin.md.
+    show_facets = admin.ShowFacets.NEVER
     #: Columns appended to ``list_display`` unless it already names one of them.
     claim_list_display: tuple[str, ...] = CLAIM_COLUMNS
     change_list_template = "django_taskclaim/admin/change_list.html"

@@ -39,7 +39,10 @@ __all__ = [
 
 
 class ReadOnlyAdminMixin:
-    """Rows written only by the library: viewable and deletable, never edited by hand."""
+    """Rows written only by the library: viewable and deletable, never edited by hand;
+    no facet counts ("Show counts" counts every filter choice over the whole table)."""
+
+    show_facets = admin.ShowFacets.NEVER
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Never: the library writes these rows."""

@@ -99,13 +99,16 @@ def is_cut(stored: str) -> bool:
 
 @dataclass(frozen=True)
 class StateEstimate:
-    """The planner's statistics of a table: its estimated row count and, per stored
-    status value (as text), the estimated fraction of rows holding it; ``rest`` is the
-    fraction of each value not among the most common ones."""
+    """The planner's statistics of a table: its estimated row count; per most common
+    status value (as text), the estimated fraction of rows holding it; and the fraction
+    of rows left to the other values (``others_fraction``, the rounding of the stored
+    frequencies when there are none) with how many distinct values the planner thinks
+    share it (``others``, 0 when the most common values are all it saw)."""
 
     rows: float
     fractions: dict[str, float]
-    rest: float
+    others_fraction: float
+    others: int
 
 
 class HistorySQL:
@@ -179,9 +182,12 @@ class HistorySQL:
         values, freqs = list(values or []), [float(f) for f in freqs or []]
         fractions = dict(zip(values, freqs, strict=False))
         distinct = -distinct * rows if distinct < 0 else distinct  # negative: per row
-        others = max(1.0, float(distinct) - len(values))
-        rest = max(0.0, 1.0 - float(null_frac or 0) - sum(freqs)) / others
-        return StateEstimate(rows=float(rows), fractions=fractions, rest=rest)
+        return StateEstimate(
+            rows=float(rows),
+            fractions=fractions,
+            others_fraction=max(0.0, 1.0 - float(null_frac or 0) - sum(freqs)),
+            others=max(0, round(float(distinct)) - len(values)),
+        )
 
 
 class MySQLHistorySQL(HistorySQL):

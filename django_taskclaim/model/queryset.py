@@ -282,7 +282,7 @@ class ClaimQuerySetMixin(_QuerySetBase):
         """
         opts = self.claim_options
         counts = {state: 0 for state, v in opts.statuses.items() if v is not None}
-        for row in self._qs().order_by().values(opts.status_field).annotate(n=Count("pk")):
+        for row in self._qs().order_by().values(opts.status_field).annotate(n=Count("*")):
             state = opts.state_of(row[opts.status_field]) or UNKNOWN_STATE
             counts[state] = counts.get(state, 0) + row["n"]
         return counts

@@ -133,10 +133,25 @@ def _indexed_states(model: type[models.Model], opts: ClaimOptions) -> set[str]:
     }
 
 
-def _estimated_counts(model: type[models.Model], db: str) -> dict[str, int] | None:
-    """Per-state counts of a large table: ``ready`` / ``processing`` exact (one indexed
-    count each), the other states from the planner's statistics; ``None`` when the
-    table is not large (or its vendor keeps no statistics): count it exactly."""
+def never_waited(model: type[models.Model], db: str) -> bool:
+    """Whether no row of ``model`` waits or waited for prerequisites: one probe of the
+    fan-in counters' unique index (``after=`` writes a counter for every row it makes
+    wait), so its ``waiting`` count is exactly 0 without a look at its rows."""
+    from django_taskclaim.models import TaskFanIn  # deferred: the app registry first
+
+    label = get_options(model).label
+    return not TaskFanIn._base_manager.using(db).filter(dependent_model=label).exists()
+
+
+def _estimated_counts(
+    model: type[models.Model], db: str
+) -> tuple[dict[str, int], list[str]] | None:
+    """Per-state counts of a large table, and the states among them that are estimates:
+    ``ready`` / ``processing`` and a state an index serves exact (one indexed count
+    each), ``waiting`` exactly 0 for a model no row of which ever waited
+    (:func:`never_waited`), the other states from the planner's statistics (0 for a
+    value the statistics say no row holds); ``None`` when the table is not large (or
+    its vendor keeps no statistics): count it exactly."""
     opts = get_options(model)
     connection = connections[db]
     sql = history_sql(connection)
@@ -149,16 +164,39 @@ def _estimated_counts(model: type[models.Model], db: str) -> dict[str, int] | No
         return None
     qs = model._base_manager.using(db)
     exact = {*INDEXED_STATES, *_indexed_states(model, opts)}
+    if opts.statuses.get("waiting") is not None and never_waited(model, db):
+        exact.add("waiting")  # exactly 0, without a look at the rows
     counts: dict[str, int] = {}
+    others: list[str] = []  # estimated states whose value is not a most common one
     for state, value in opts.statuses.items():
         if value is None:
             continue
+        counts[state] = 0
+        if state == "waiting" and state in exact:
+            continue
         if state in exact:
             counts[state] = qs.filter(opts.status_q(state)).count()
+        elif str(value) in estimate.fractions:
+            counts[state] = round(estimate.rows * estimate.fractions[str(value)])
         else:
-            share = estimate.fractions.get(str(value), estimate.rest)
-            counts[state] = round(estimate.rows * share)
-    return counts
+            others.append(state)
+    # The rows the most common values leave belong to the planner's other distinct
+    # values. A state counted exactly that is not a most common value is one of them:
+    # its rows and its place come off, and what is left is spread over the rest; with
+    # none left, a state not counted is estimated at 0 (never the rounding of the stored
+    # frequencies, nor the rows of a state counted already: "≈34 cancelled" in a table
+    # that has none).
+    counted = [
+        n
+        for state, n in counts.items()
+        if n and state in exact and str(opts.statuses[state]) not in estimate.fractions
+    ]
+    unknown = estimate.others - len(counted)
+    left = max(0.0, estimate.others_fraction * estimate.rows - sum(counted))
+    for state in others:
+        counts[state] = round(left / unknown) if unknown > 0 else 0
+    estimated = [state for state in counts if state not in exact]
+    return counts, estimated
 
 
 def model_stats(
@@ -197,9 +235,7 @@ def model_stats(
     )
     whole = fast and whole_table(queryset)
     estimates = _estimated_counts(model, db) if whole else None
-    counts = estimates if estimates is not None else qs.state_counts()
-    exact = {*INDEXED_STATES, *_indexed_states(model, opts)} if estimates else set()
-    estimated = [s for s in estimates if s not in exact] if estimates else []
+    counts, estimated = estimates if estimates is not None else (qs.state_counts(), [])
     expired = qs.expired().count()
     oldest: float | None = None
     if opts.has("created_at") and counts.get("ready"):

@@ -107,7 +107,7 @@ def _waiting(
     if _has_queues(model):
         return {
             str(row[QUEUE_FIELD] or ""): int(row["tc_waiting"])
-            for row in waiting_qs.values(QUEUE_FIELD).annotate(tc_waiting=Count("pk"))
+            for row in waiting_qs.values(QUEUE_FIELD).annotate(tc_waiting=Count("*"))
         }
     count = waiting_qs.count()
     return {"": count} if count else {}
@@ -162,7 +162,7 @@ def queue_gauges(model: type[models.Model], now: datetime, *, using: str) -> lis
         }
         failed = {
             str(row[QUEUE_FIELD] or ""): int(row["tc_failed"])
-            for row in failed_qs.values(QUEUE_FIELD).annotate(tc_failed=Count("pk"))
+            for row in failed_qs.values(QUEUE_FIELD).annotate(tc_failed=Count("*"))
         }
     else:
         row = base.filter(live).aggregate(**figures)
