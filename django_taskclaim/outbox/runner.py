@@ -22,6 +22,7 @@ from django_taskclaim.outbox.models import OutboxMessage
 from django_taskclaim.outbox.options import PUBLISHER_OPTIONS
 from django_taskclaim.outbox.publisher import PublishError
 from django_taskclaim.outbox.relay import Relay
+from django_taskclaim.redact import redact
 
 
 def open_relay(
@@ -44,9 +45,11 @@ def open_relay(
         client = make_publisher(publisher, url, **extra)
         client.connect()
     except ImportError as exc:
-        raise ConfigurationError(str(exc)) from None
+        raise ConfigurationError(redact(str(exc))) from None
     except (PublishError, ValueError) as exc:
-        raise ConfigurationError(f"{publisher} broker at {url} is unreachable: {exc}") from None
+        raise ConfigurationError(
+            redact(f"{publisher} broker at {url} is unreachable: {exc}")
+        ) from None
     relay_values = {k: v for k, v in values.items() if k not in PUBLISHER_OPTIONS}
     return Relay(model, client, using=using, **relay_values)
 
