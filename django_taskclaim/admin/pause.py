@@ -237,7 +237,7 @@ def pause_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
         )
         return _back(request, site)
     logger.info(
-        "admin %s model=%s queue=%s user=%s changed=%s", op, label, queue, username, changed
+        "admin %s model=%s queue=%r user=%r changed=%s", op, label, queue, username, changed
     )
     if changed:
         log_model_action(request, model, text)
