@@ -46,9 +46,7 @@ def allowed(request: HttpRequest) -> bool:
     ):
         return True
     user = getattr(request, "user", None)
-    return bool(
-        user is not None and user.is_active and user.is_staff and user.has_perm(PERMISSION)
-    )
+    return bool(user is not None and user.is_active and user.is_staff and user.has_perm(PERMISSION))
 
 
 @never_cache
