@@ -41,12 +41,15 @@ def open_relay(
     extra: dict[str, Any] = {"timeout": float(values["timeout"])}
     if publisher == "rabbitmq":
         extra["exchange"] = exchange
+    client = None
     try:
         client = make_publisher(publisher, url, **extra)
         client.connect()
     except ImportError as exc:
         raise ConfigurationError(redact(str(exc))) from None
     except (PublishError, ValueError) as exc:
+        if client is not None:
+            client.close()  # its event loop and sockets too (NATS), not left to the collector
         raise ConfigurationError(
             redact(f"{publisher} broker at {url} is unreachable: {exc}")
         ) from None
