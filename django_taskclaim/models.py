@@ -142,6 +142,8 @@ class Dashboard(WorkerProcess):
         verbose_name = _("dashboard")
         verbose_name_plural = _("dashboard")
         default_permissions = ()
+        # The metrics view's own permission (staff users; Prometheus sends the token)
+        permissions = [("view_metrics", _("Can read the metrics (Prometheus text)"))]
 
 
 class QueuePause(models.Model):

@@ -2,6 +2,10 @@
 process does, labelled by ``model`` (``app_label.Model``) and ``queue`` (the row's
 ``queue_name``, ``""`` for a model without queues). See docs/observability.md.
 
+The ``queue`` values stay bounded whatever the rows hold: per model, the first
+``TASKCLAIM_METRICS_MAX_QUEUES`` queue names a process sees are their own value, every
+later one is :data:`OTHER_QUEUES` (the database gauges sum theirs up under the same name).
+
 Optional (``pip install django-taskclaim[otel]``, the ``opentelemetry-api`` package)
 and free without it: :func:`instruments` returns ``None`` when ``opentelemetry`` cannot
 be imported (tried once, remembered), and each worker thread keeps that value and tests
@@ -16,7 +20,8 @@ Callers: the claimer (claims), the executors (each attempt's outcome and body
 duration), the acknowledgements (batched completions and their latency), the heartbeat
 (lease renewals and losses), the worker's reaping (recoveries) and a task deadline
 (:func:`timed_out`). Foundation layer: imports nothing of the package but
-:mod:`~django_taskclaim.capped` (its label cache), so any layer may call it.
+:mod:`~django_taskclaim.capped` (its label cache) and
+:mod:`~django_taskclaim.config.settings` (the cap), so any layer may call it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django_taskclaim.capped import CappedCache
+from django_taskclaim.config.settings import taskclaim_settings
 
 __all__ = [
     "DURATION_BUCKETS",
@@ -59,6 +65,10 @@ LOST_ATTR = "_taskclaim_lease_loss_counted"
 #: Outcomes of an attempt (``settle.transitions.Outcome`` values) -> the counter that
 #: counts them; ``done`` is counted once written (at once, or by a batched ack).
 _COUNTED = {"ready": "retried", "failed": "failed", "cancelled": "cancelled", "lost": "cancelled"}
+
+
+#: The ``queue`` value of every queue past ``TASKCLAIM_METRICS_MAX_QUEUES`` (per model).
+OTHER_QUEUES = "(other)"
 
 
 def _queue(task: Any) -> str:
@@ -114,6 +124,26 @@ class Instruments:
             "ack.duration", "From a body's end to its completion being written."
         )
         self._labels: CappedCache[tuple[str, ...], dict[str, str]] = CappedCache()
+        #: model label -> the queue names given a value of their own (at most the cap)
+        self._queues: dict[str, set[str]] = {}
+        self._max_queues = int(taskclaim_settings.METRICS_MAX_QUEUES)
+        self._queues_lock = threading.Lock()
+
+    def _queue_value(self, label: str, queue: str) -> str:
+        """The ``queue`` attribute of ``queue`` of model ``label``: the name itself for the
+        first :data:`~django_taskclaim.config.settings.TaskClaimSettings.METRICS_MAX_QUEUES`
+        names (and ``""``), :data:`OTHER_QUEUES` for every later one."""
+        seen = self._queues.get(label)
+        if seen is not None and queue in seen:
+            return queue
+        with self._queues_lock:
+            seen = self._queues.setdefault(label, set())
+            if queue in seen or not queue:
+                return queue
+            if len(seen) < self._max_queues and queue != OTHER_QUEUES:
+                seen.add(queue)
+                return queue
+        return OTHER_QUEUES
 
     def _attrs(self, *pairs: str) -> dict[str, str]:
         """The attribute dict of ``(name, value, …)``, made once per distinct label set."""
@@ -123,12 +153,14 @@ class Instruments:
         return found
 
     def _of(self, task: Any) -> dict[str, str]:
-        return self._attrs("model", task._meta.label, "queue", _queue(task))
+        label = task._meta.label
+        return self._attrs("model", label, "queue", self._queue_value(label, _queue(task)))
 
     def claimed(self, label: str, queue: str, rows: Iterable[Any], seconds: float) -> None:
         """One claim statement of model ``label`` (the worker's ``--queue`` or ``""``)
         took ``seconds`` and returned ``rows``."""
-        self.claim_duration.record(seconds, self._attrs("model", label, "queue", queue))
+        attrs = self._attrs("model", label, "queue", self._queue_value(label, queue))
+        self.claim_duration.record(seconds, attrs)
         add = self.counters["claimed"].add
         for row in rows:
             add(1, self._of(row))
@@ -137,7 +169,8 @@ class Instruments:
         """An attempt of ``task`` ran from ``started`` to ``ended`` (monotonic) and
         ``outcome`` (an ``Outcome`` value) was recorded; a ``deferred`` completion is
         counted by :meth:`acked` once written."""
-        label, queue = task._meta.label, _queue(task)
+        label = task._meta.label
+        queue = self._queue_value(label, _queue(task))
         attrs = self._attrs("model", label, "queue", queue)
         by_outcome = self._attrs("model", label, "queue", queue, "outcome", str(outcome))
         self.body_duration.record(ended - started, by_outcome)

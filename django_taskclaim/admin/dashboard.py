@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.apps import apps
 from django.contrib import admin
 from django.db import models
 from django.http import HttpRequest, HttpResponse
@@ -23,7 +24,7 @@ from django_taskclaim.periodic.reported import reported_models
 from django_taskclaim.row.status import STATE_NAMES
 from django_taskclaim.rules import silent_after
 
-__all__ = ["RING_ROWS", "dashboard_context", "dashboard_view"]
+__all__ = ["RING_ROWS", "dashboard_context", "dashboard_view", "may_view", "may_view_label"]
 
 #: The most rings of one model the dashboard lists (a per-key limit has one per key).
 RING_ROWS = 20
@@ -42,11 +43,23 @@ def _model_admin(site: admin.AdminSite, model: type[models.Model]) -> Any:
     return site._registry.get(model)
 
 
-def _may_view(request: HttpRequest, site: admin.AdminSite, model: type[models.Model]) -> bool:
+def may_view(request: HttpRequest, site: admin.AdminSite, model: type[models.Model]) -> bool:
+    """Whether the user may view ``model``: its ``ModelAdmin``'s view or change
+    permission on ``site``, else the model's own ``view`` or ``change`` permission."""
     model_admin = _model_admin(site, model)
     if model_admin is not None:
         return bool(model_admin.has_view_or_change_permission(request))
     return _can_see(request, model)
+
+
+def may_view_label(request: HttpRequest, site: admin.AdminSite, label: str) -> bool:
+    """:func:`may_view` of the model called ``label`` (``app_label.Model``); ``False``
+    for a label that names no installed model."""
+    try:
+        model = apps.get_model(label)
+    except (LookupError, ValueError):
+        return False
+    return may_view(request, site, model)
 
 
 def dashboard_context(request: HttpRequest, site: admin.AdminSite | None = None) -> dict[str, Any]:
@@ -73,7 +86,7 @@ def dashboard_context(request: HttpRequest, site: admin.AdminSite | None = None)
     """
     site = site or site_by_name(getattr(request, "current_app", None))
     visible = sorted(
-        (m for m in reported_models() if _may_view(request, site, m)),
+        (m for m in reported_models() if may_view(request, site, m)),
         key=lambda m: m._meta.label,
     )
     now = db_now()
@@ -95,7 +108,7 @@ def dashboard_context(request: HttpRequest, site: admin.AdminSite | None = None)
         "taskclaim_dead_after": silent_after(),
         "taskclaim_paused": paused_list,
         "taskclaim_pause_url": pause_url(site),
-        "taskclaim_can_pause": any(row["pause"]["can_change"] for row in rows),
+        "taskclaim_can_pause": any(row["pause"]["can_pause_all"] for row in rows),
         "taskclaim_rates": _rate_rows(rate_view(visible)),
         "taskclaim_next": request.get_full_path(),
     }

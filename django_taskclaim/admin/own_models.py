@@ -14,7 +14,7 @@ from django.urls import path, reverse
 from django.utils.translation import gettext_lazy as _
 
 from django_taskclaim.admin.audit import log_model_action
-from django_taskclaim.admin.dashboard import _may_view
+from django_taskclaim.admin.dashboard import may_view
 from django_taskclaim.admin.display import (
     NOW_ANNOTATION,
     STYLESHEET,
@@ -22,7 +22,7 @@ from django_taskclaim.admin.display import (
     badge,
     humanize_seconds,
 )
-from django_taskclaim.admin.pause import may_change, queue_text
+from django_taskclaim.admin.pause import may_change, may_pause, queue_text, visible_pauses
 from django_taskclaim.config.discovery import claimable_models
 from django_taskclaim.db import DbNow
 from django_taskclaim.exceptions import TaskClaimError
@@ -70,7 +70,7 @@ class DashboardAdmin(admin.ModelAdmin):
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """The dashboard's rule: the user may view at least one claimable model."""
-        return any(_may_view(request, self.admin_site, m) for m in claimable_models())
+        return any(may_view(request, self.admin_site, m) for m in claimable_models())
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -157,8 +157,11 @@ class QueuePauseAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     :func:`django_taskclaim.flow.pause.resume` (which wakes idle workers).
 
     Rows are not deleted by hand: deleting one would resume without waking the workers
-    and without a ``LogEntry``. Resuming a row needs the change permission of the model
-    it pauses; rows of models the user may not change are skipped, and said so.
+    and without a ``LogEntry``. The list holds the pauses the user may see (of the models
+    she may view; of one queue only where her admin queryset of the model holds rows of
+    it: :func:`~django_taskclaim.admin.pause.visible_pauses`). Resuming a row needs what
+    a resume from the dashboard needs (:func:`~django_taskclaim.admin.pause.may_pause`);
+    rows she may not resume are skipped, and said so.
     """
 
     list_display = ("model", "queue_shown", "paused_at", "paused_by", "reason")
@@ -172,6 +175,16 @@ class QueuePauseAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Never: resume instead (it wakes the workers and is logged)."""
         return False
+
+    def get_queryset(self, request: HttpRequest) -> models.QuerySet:
+        """The pauses the user may see (the class docstring)."""
+        queryset = super().get_queryset(request)
+        viewable = {
+            m._meta.label: m for m in claimable_models() if may_view(request, self.admin_site, m)
+        }
+        pauses = list(queryset.filter(model__in=sorted(viewable)).order_by())
+        shown = visible_pauses(request, self.admin_site, viewable, pauses)
+        return queryset.filter(pk__in=[p.pk for p in shown])
 
     def has_resume_permission(self, request: HttpRequest) -> bool:
         """Whether the user may change at least one claimable model (each row is
@@ -195,7 +208,7 @@ class QueuePauseAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                 skipped += 1
                 reasons.append(_("%(model)s: unknown model") % {"model": row.model})
                 continue
-            if not may_change(request, self.admin_site, model):
+            if not may_pause(request, self.admin_site, model, row.queue or None):
                 skipped += 1
                 reasons.append(_("%(model)s: no change permission") % {"model": row.model})
                 continue

@@ -1,7 +1,14 @@
 """Pause and resume from the admin: the forms of the dashboard and of each claimable
 model's changelist, the view they post to (``admin:taskclaim_pause``), and the paused
 queues the dashboard lists. Every change goes through :mod:`django_taskclaim.flow.pause`
-(which enforces the pause in the claim and wakes idle workers on resume)."""
+(which enforces the pause in the claim and wakes idle workers on resume).
+
+A pause is a control over the whole model, while a ``ModelAdmin`` may narrow the rows a
+user sees (``get_queryset()``, per tenant). So beside the model's change permission
+(:func:`may_change`), :func:`may_pause` asks: a queue by name only if the user sees
+every row of the model or at least one row of that queue; every queue of the model
+only if she sees every row. A user sees the pauses of the queues she may pause, and
+the pause of the whole model (docs/admin.md, docs/security.md)."""
 
 from __future__ import annotations
 
@@ -31,11 +38,14 @@ __all__ = [
     "ALL_QUEUES",
     "QUEUE_PREFIX",
     "may_change",
+    "may_pause",
     "pause_form_context",
     "pause_url",
     "pause_view",
     "paused_rows",
     "queue_text",
+    "sees_every_row",
+    "visible_pauses",
 ]
 
 logger = logging.getLogger("django_taskclaim.admin")
@@ -70,6 +80,37 @@ def _rows(request: HttpRequest, site: admin.AdminSite, model: type[models.Model]
     return as_claim_queryset(model._default_manager.all())
 
 
+def sees_every_row(request: HttpRequest, site: admin.AdminSite, model: type[models.Model]) -> bool:
+    """Whether the user's queryset of ``model`` on ``site`` (its ``ModelAdmin``'s
+    ``get_queryset(request)``) is not narrowed: it selects every row."""
+    return whole_table(_rows(request, site, model))
+
+
+def _queues_seen(rows: Any, names: set[str]) -> set[str]:
+    """Those of the queue ``names`` that have at least one row in ``rows`` (one query)."""
+    if not names:
+        return set()
+    found = rows.filter(**{f"{QUEUE_FIELD}__in": sorted(names)}).order_by()
+    return set(found.values_list(QUEUE_FIELD, flat=True).distinct())
+
+
+def may_pause(
+    request: HttpRequest, site: admin.AdminSite, model: type[models.Model], queue: str | None
+) -> bool:
+    """Whether the user may pause or resume ``queue`` of ``model`` (``None``: every queue
+    of the model): she has the change permission (:func:`may_change`) and either sees
+    every row of the model (:func:`sees_every_row`), or ``queue`` is a queue by name of
+    which she sees at least one row. Every queue of the model needs every row."""
+    if not may_change(request, site, model):
+        return False
+    rows = _rows(request, site, model)
+    if whole_table(rows):
+        return True
+    if queue is None or not has_queues(model):
+        return False
+    return bool(_queues_seen(rows, {queue}))
+
+
 def pause_url(site: admin.AdminSite) -> str:
     """The URL the pause forms post to on ``site``, or ``""`` where it is not mounted."""
     try:
@@ -90,13 +131,20 @@ def pause_form_context(
     *,
     pauses: list[Any] | None = None,
 ) -> dict[str, Any]:
-    """What a model's pause form shows: whether the user may use it, the queues to pick
-    from (``None`` for a model without queues), and the model's current pauses."""
+    """What a model's pause form shows: whether the user may use it (``can_change``: a
+    queue of hers, or every queue; ``can_pause_all``: every queue), the queues to pick
+    from (``None`` for a model without queues), and the model's current pauses that
+    she may see (:func:`may_pause`; the pause of the whole model always)."""
     label = model._meta.label
     own = [p for p in (paused(model) if pauses is None else pauses) if p.model == label]
     whole = next((p for p in own if p.queue == ""), None)
     url = pause_url(site)
     can_change = bool(url) and may_change(request, site, model)
+    rows = _rows(request, site, model)
+    every_row = whole_table(rows)
+    if not every_row:  # a narrowed queryset: the pauses of the queues she sees
+        seen = _queues_seen(rows, {p.queue for p in own if p.queue}) if has_queues(model) else set()
+        own = [p for p in own if not p.queue or p.queue in seen]
     choices: list[tuple[str, str]] | None = None
     if has_queues(model):
         names: set[str] = {p.queue for p in own if p.queue}
@@ -104,8 +152,7 @@ def pause_form_context(
             # The queues of the rows not finished (their status indexes serve it) and,
             # over all the rows, the queues workers finished tasks of lately (the
             # history): never a DISTINCT over every finished row.
-            rows = _rows(request, site, model)
-            if whole_table(rows):
+            if every_row:
                 names.update(recent_queues(label, using=rows.db))
             for state in ("ready", "processing"):  # one partial index each
                 values = (
@@ -115,13 +162,14 @@ def pause_form_context(
                     .distinct()[:MAX_QUEUE_CHOICES]
                 )
                 names.update(v for v in values if v)
-        choices = [(ALL_QUEUES, _("all queues"))] + [
-            (f"{QUEUE_PREFIX}{name}", name) for name in sorted(names)
-        ]
+        choices = [(ALL_QUEUES, _("all queues"))] if every_row else []
+        choices += [(f"{QUEUE_PREFIX}{name}", name) for name in sorted(names)]
+    can_pause_all = can_change and every_row
     return {
         "model": label,
         "url": url,
-        "can_change": can_change,
+        "can_change": can_pause_all or (can_change and bool(choices)),
+        "can_pause_all": can_pause_all,
         "choices": choices,
         "paused_whole": whole,
         "paused_queues": [p for p in own if p.queue],
@@ -129,19 +177,50 @@ def pause_form_context(
     }
 
 
+def visible_pauses(
+    request: HttpRequest,
+    site: admin.AdminSite,
+    models_by_label: dict[str, type[models.Model]],
+    pauses: list[Any],
+    *,
+    every: dict[str, bool] | None = None,
+) -> list[Any]:
+    """Those of ``pauses`` (``QueuePause`` rows) the user may see: of a model of
+    ``models_by_label`` (those she may view), the pause of the whole model, and a pause
+    of one queue where her queryset of the model holds a row of that queue or is not
+    narrowed. One query per model with a pause, and one per narrowed one. ``every``,
+    when given, receives per label whether she sees every row."""
+    every = {} if every is None else every
+    seen: dict[str, set[str]] = {}  # label -> the paused queues she sees rows of
+    for label in sorted({p.model for p in pauses if p.model in models_by_label}):
+        model = models_by_label[label]
+        mine = _rows(request, site, model)
+        every[label] = whole_table(mine)
+        theirs = {p.queue for p in pauses if p.model == label and p.queue}
+        if theirs and not every[label] and has_queues(model):
+            seen[label] = _queues_seen(mine, theirs)
+    return [
+        p
+        for p in pauses
+        if p.model in models_by_label
+        and (not p.queue or every[p.model] or p.queue in seen.get(p.model, set()))
+    ]
+
+
 def paused_rows(
     request: HttpRequest, site: admin.AdminSite, visible: list[type[models.Model]]
 ) -> tuple[list[Any], list[dict[str, Any]]]:
-    """The pauses (``QueuePause`` rows) and, for the dashboard, one entry per pause of a
-    model the user may view: since when, by whom, why, and the ready backlog (rows of
-    that queue, or of the whole model, in the ``ready`` state)."""
+    """The pauses (``QueuePause`` rows) and, for the dashboard, one entry per pause the
+    user may see (of a model of ``visible``: the pause of the whole model, and a pause of
+    a queue of which her queryset holds a row, or any where it is not narrowed): since
+    when, by whom, why, and the ready backlog (rows of that queue, or of the whole
+    model, in the ``ready`` state)."""
     by_label = {m._meta.label: m for m in visible}
     pauses = paused()
+    every: dict[str, bool] = {}
     rows = []
-    for p in pauses:
-        model = by_label.get(p.model)
-        if model is None:
-            continue
+    for p in visible_pauses(request, site, by_label, pauses, every=every):
+        model = by_label[p.model]
         ready = _rows(request, site, model).ready()
         if p.queue:
             ready = ready.filter(**{QUEUE_FIELD: p.queue})
@@ -153,7 +232,9 @@ def paused_rows(
                 "queue": p.queue,
                 "queue_value": f"{QUEUE_PREFIX}{p.queue}" if p.queue else ALL_QUEUES,
                 "backlog": ready.count(),
-                "can_change": may_change(request, site, model),
+                # a queue listed is one she may pause; every queue needs every row
+                "can_change": may_change(request, site, model)
+                and (bool(p.queue) or every[p.model]),
             }
         )
     return pauses, rows
@@ -183,7 +264,8 @@ def pause_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
     """POST ``model`` (a label), ``queue`` (``all`` or ``queue:<name>``), ``op``
     (``pause`` / ``resume``), optional ``reason`` and ``next``: pause or resume that
     queue, report the outcome as an admin message, log it (``LogEntry``) and go back
-    to ``next``. Needs the model's change permission (403 otherwise)."""
+    to ``next``. Needs the model's change permission and, where the user's queryset is
+    narrowed, rows of hers in that queue (:func:`may_pause`; 403 otherwise)."""
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
     label = request.POST.get("model", "")
@@ -203,6 +285,8 @@ def pause_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
     if op not in ("pause", "resume"):
         messages.error(request, _("Unknown operation; nothing done."))
         return _back(request, site)
+    if not may_pause(request, site, model, queue):
+        raise PermissionDenied
     username = request.user.get_username()
     what = f"{label}, {queue_text(queue)}"
     try:
@@ -237,7 +321,7 @@ def pause_view(request: HttpRequest, site: admin.AdminSite) -> HttpResponse:
         )
         return _back(request, site)
     logger.info(
-        "admin %s model=%s queue=%s user=%s changed=%s", op, label, queue, username, changed
+        "admin %s model=%s queue=%r user=%r changed=%s", op, label, queue, username, changed
     )
     if changed:
         log_model_action(request, model, text)

@@ -1,18 +1,24 @@
 """The admin of periodic work: the schedules (next run, last run, outcome) above the slots
-enqueued, and the runs of periodic functions as an ordinary claimable changelist."""
+enqueued, and the runs of periodic functions as an ordinary claimable changelist.
+
+The slots page shows the schedules and the slots of the models the user may view only
+(a function's schedule: ``taskclaim.PeriodicRun``); a slot that created no row is shown
+to everyone who may view the slots."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin
-from django.db import router
+from django.db import models, router
 from django.http import HttpRequest, HttpResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
+from django_taskclaim.admin.dashboard import may_view_label
 from django_taskclaim.admin.display import STYLESHEET, badge, dotted, humanize_seconds
 from django_taskclaim.admin.mixin import ClaimableAdminMixin
 from django_taskclaim.admin.own_models import ReadOnlyAdminMixin
@@ -35,14 +41,24 @@ def _change_url(label: str, pk: str, site_name: str) -> str:
         return ""
 
 
-def schedule_rows(site_name: str = "admin", using: str | None = None) -> list[dict[str, Any]]:
+def schedule_rows(
+    site_name: str = "admin",
+    using: str | None = None,
+    *,
+    shown: Callable[[str], bool] | None = None,
+) -> list[dict[str, Any]]:
     """One row per schedule registered in this process (after discovering the apps'
-    ``periodic`` modules): what it runs, its next and last slot, and the state of the
-    row its last slot created. Times are the database's."""
+    ``periodic`` modules) whose target model's label passes ``shown`` (default: all):
+    what it runs, its next and last slot, and the state of the row its last slot
+    created. Times are the database's."""
     discover()
     using = using or router.db_for_read(PeriodicSlot)
     now = db_now(using)
-    return [_row(schedule_state(s, now, using=using), now, site_name) for s in schedules()]
+    return [
+        _row(schedule_state(s, now, using=using), now, site_name)
+        for s in schedules()
+        if shown is None or shown(s.target_label)
+    ]
 
 
 def _row(state: ScheduleState, now: Any, site_name: str) -> dict[str, Any]:
@@ -99,11 +115,24 @@ class PeriodicSlotAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         and its sidebar (the page itself still opens)."""
         return super().get_model_perms(request) if periodic_in_use() else {}
 
+    def get_queryset(self, request: HttpRequest) -> models.QuerySet:
+        """The slots of the models the user may view, and those that created no row."""
+        queryset = super().get_queryset(request)
+        targets = set(queryset.order_by().values_list("target", flat=True).distinct())
+        hidden = [t for t in sorted(targets) if t and not self._may_view(request, t)]
+        return queryset.exclude(target__in=hidden) if hidden else queryset
+
+    def _may_view(self, request: HttpRequest, label: str) -> bool:
+        return may_view_label(request, self.admin_site, label)
+
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
-        """The changelist, with ``taskclaim_schedules`` (:func:`schedule_rows`)."""
+        """The changelist, with ``taskclaim_schedules`` (:func:`schedule_rows`: those of
+        the models the user may view)."""
         context = {
             **(extra_context or {}),
-            "taskclaim_schedules": schedule_rows(self.admin_site.name),
+            "taskclaim_schedules": schedule_rows(
+                self.admin_site.name, shown=lambda label: self._may_view(request, label)
+            ),
         }
         return super().changelist_view(request, context)
 

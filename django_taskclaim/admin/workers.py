@@ -3,11 +3,12 @@ stopping, stopped), the bodies each one runs and since when, and a graceful "Sto
 action — all through the database, so it works whichever host a worker runs on. The
 registry's admin also serves the dashboard and its pause view.
 
-Stopping needs the registry's change permission and is logged as an admin ``LogEntry``,
-like pause: the worker sees the request at its next registry refresh (within
-``min(heartbeat, 10 s)``), claims nothing more, finishes what it runs within its
-``--grace``, gives back what it had not started, and exits 0 (a supervised process is
-not replaced)."""
+A worker's page lists the bodies it runs only of the models the user may view (the
+others are counted, not named). Stopping needs the registry's change permission and is
+logged as an admin ``LogEntry``, like pause: the worker sees the request at its next
+registry refresh (within ``min(heartbeat, 10 s)``), claims nothing more, finishes what
+it runs within its ``--grace``, gives back what it had not started, and exits 0 (a
+supervised process is not replaced)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from django.utils.timezone import localtime
 from django.utils.translation import gettext_lazy as _
 
 from django_taskclaim.admin.audit import log_model_action
-from django_taskclaim.admin.dashboard import dashboard_view
+from django_taskclaim.admin.dashboard import dashboard_view, may_view_label
 from django_taskclaim.admin.display import (
     NOW_ANNOTATION,
     STYLESHEET,
@@ -46,6 +47,10 @@ from django_taskclaim.rules import (
 from django_taskclaim.worker.maintenance.registry import request_stop
 
 __all__ = ["WorkerProcessAdmin", "running_since"]
+
+#: The attribute of a registry row (as its change page shows it) holding the labels of
+#: the models the user may view, of those whose bodies it runs.
+VIEWABLE_ATTR = "_taskclaim_viewable_labels"
 
 
 #: How many asked workers the Stop message names one by one.
@@ -190,6 +195,16 @@ class WorkerProcessAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         """The registry rows, annotated with the database's ``now()``."""
         return super().get_queryset(request).annotate(**{NOW_ANNOTATION: DbNow()})
 
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        """The registry row, with the labels of the models of its running bodies that the
+        user may view (:data:`VIEWABLE_ATTR`, read by :meth:`running_tasks`)."""
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None:
+            labels = {str(e.get("model")) for e in obj.running or [] if e.get("model")}
+            viewable = {x for x in labels if may_view_label(request, self.admin_site, x)}
+            setattr(obj, VIEWABLE_ATTR, frozenset(viewable))
+        return obj
+
     def get_urls(self) -> list[Any]:
         """Adds ``dashboard/`` (``admin:taskclaim_dashboard``) and ``dashboard/pause/``
         (``admin:taskclaim_pause``, where the pause forms post) in front of the usual URLs."""
@@ -290,11 +305,18 @@ class WorkerProcessAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     @admin.display(description=_("running tasks"))
     def running_tasks(self, obj: WorkerProcess) -> str:
         """The bodies running at the worker's last refresh, longest first, each with when
-        it started (the refresh's database time less its age) and for how long."""
-        running = obj.running or []
+        it started (the refresh's database time less its age) and for how long: those of
+        the models the user may view (:data:`VIEWABLE_ATTR`; none where it is not set),
+        the others only counted."""
+        viewable: frozenset[str] = getattr(obj, VIEWABLE_ATTR, frozenset())
+        every = obj.running or []
+        running = [e for e in every if e.get("model") in viewable]
+        hidden = len(every) - len(running)
         if not running:
             if obj.running is None and obj.in_flight:
                 return str(_("not reported by this worker's version"))
+            if hidden:
+                return str(_("%(n)s of models you may not view") % {"n": hidden})
             return "—"
         site = self.admin_site.name
         rows = []
@@ -309,8 +331,13 @@ class WorkerProcessAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                 )
             )
         body = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td></tr>", rows)
-        more = obj.in_flight - len(running) if obj.in_flight > len(running) else 0
-        tail = format_html("<p>{}</p>", _("and %(n)s more held") % {"n": more}) if more else ""
+        more = obj.in_flight - len(every) if obj.in_flight > len(every) else 0
+        notes = []
+        if hidden:
+            notes.append(_("and %(n)s of models you may not view") % {"n": hidden})
+        if more:
+            notes.append(_("and %(n)s more held") % {"n": more})
+        tail = format_html_join("", "<p>{}</p>", ((note,) for note in notes))
         return format_html(
             '<table class="taskclaim-running"><thead><tr><th>{}</th><th>{}</th><th>{}</th>'
             "</tr></thead><tbody>{}</tbody></table>{}",

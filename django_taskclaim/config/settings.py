@@ -152,8 +152,15 @@ class TaskClaimSettings:
     POOLER_MODE: Setting[str | None] = Setting(
         str, None, none_allowed=True
     )  # None | "session" | "transaction"
-    # Monitoring: the bearer token the metrics view accepts; None = staff users only
+    # Monitoring: the bearer token the metrics view accepts; None = staff users with the
+    # permission taskclaim.view_metrics only
     METRICS_TOKEN: Setting[str | None] = Setting(str, None, none_allowed=True)
+    # queues per model given a series of their own (the busiest); the rest are summed up
+    # in one series, queue "(other)" (the metrics view, taskclaim_metrics, OpenTelemetry)
+    METRICS_MAX_QUEUES: Setting[int] = Setting(int, 50, Bound(1, 10_000, whole=True))
+    # The outbox relay's broker URL when taskclaim_relay is given no --url (after the
+    # environment variable of the same name); None = none
+    RELAY_URL: Setting[str | None] = Setting(str, None, none_allowed=True)
     # Each attempt's story (taskclaim.TaskAttempt): which attempts workers record ("errors":
     # those that did not end done; "all"; "off") and how many are kept per row
     ATTEMPT_LOG: Setting[str] = Setting(str, "errors")

@@ -86,7 +86,8 @@ def _changed(label: str, using: str) -> None:
 
 
 def _scope(label: str, queue: str) -> str:
-    return f"model={label} queue={queue}" if queue else f"model={label} queue=*"
+    # %r: a queue name is the user's, and a newline in it must not start a log line
+    return f"model={label} queue={queue!r}" if queue else f"model={label} queue=*"
 
 
 def pause(
@@ -124,11 +125,11 @@ def pause(
         row.refresh_from_db(fields=["paused_at"])  # the database clock's value
         _changed(label, using)
         logger.info(
-            "queue paused %s by=%s at=%s reason=%s database=%s",
+            "queue paused %s by=%r at=%s reason=%r database=%s",
             _scope(label, name),
-            by or "-",
+            by,
             row.paused_at.isoformat(),
-            reason or "-",
+            reason,
             using,
         )
     return row
@@ -160,9 +161,9 @@ def resume(
         return False
     _changed(label, using)
     logger.info(
-        "queue resumed %s by=%s at=%s database=%s",
+        "queue resumed %s by=%r at=%s database=%s",
         _scope(label, name),
-        by or "-",
+        by,
         db_now(using).isoformat(),
         using,
     )

@@ -21,6 +21,7 @@ from django_taskclaim.outbox.publisher import (
     reason,
     refusal,
 )
+from django_taskclaim.redact import redact
 
 logger = logging.getLogger("django_taskclaim.outbox")
 
@@ -83,7 +84,7 @@ class NatsPublisher:
 
     async def _note_error(self, exc: Exception) -> None:
         self._last_error = exc
-        logger.debug("nats error=%s", exc)
+        logger.debug("nats error=%s", redact(str(exc)))
 
     def refusal(self, message: Any) -> str | None:
         """Why NATS can never accept ``message`` (checked before sending), or ``None``."""

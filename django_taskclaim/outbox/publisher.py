@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from django_taskclaim.exceptions import TaskClaimError
+from django_taskclaim.redact import redact
 
 #: Header carrying the ordering key, on every broker.
 KEY_HEADER = "Outbox-Key"
@@ -114,6 +115,8 @@ def refusal(
 
 
 def reason(exc: BaseException) -> str:
-    """``exc`` as one line: its class and the first line of its text."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    """``exc`` as one line: its class and the first line of its text (any password in
+    it hidden: :func:`~django_taskclaim.redact.redact`)."""
+    full = redact(str(exc)).strip()
+    text = full.splitlines()[0] if full else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -27,6 +27,7 @@ from django_taskclaim.outbox.options import validate
 from django_taskclaim.outbox.partitions import PartitionHolder
 from django_taskclaim.outbox.publisher import MessagesRejected, Publisher, PublishError
 from django_taskclaim.outbox.write import outbox_model
+from django_taskclaim.redact import redact
 from django_taskclaim.settle.batch import complete_many
 from django_taskclaim.settle.transitions import fail, release
 
@@ -127,7 +128,7 @@ class Relay(PartitionHolder):
                     # completed). Give the partitions up: whoever takes one next (this
                     # relay too) first releases its processing rows, so the key's order
                     # restarts at its oldest unpublished row.
-                    logger.warning("relay database error=%s; retrying", exc)
+                    logger.warning("relay database error=%s; retrying", redact(str(exc)))
                     close_old_connections()
                     for partition in list(self.locks):
                         self._drop(partition, release=True)
@@ -245,7 +246,7 @@ class Relay(PartitionHolder):
                     self.model._meta.label,
                     partition,
                     len(pending),
-                    exc,
+                    redact(str(exc)),
                     delay,
                 )
                 if not self._wait(delay, partition, rows):

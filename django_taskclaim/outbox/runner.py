@@ -22,6 +22,7 @@ from django_taskclaim.outbox.models import OutboxMessage
 from django_taskclaim.outbox.options import PUBLISHER_OPTIONS
 from django_taskclaim.outbox.publisher import PublishError
 from django_taskclaim.outbox.relay import Relay
+from django_taskclaim.redact import redact
 
 
 def open_relay(
@@ -40,13 +41,18 @@ def open_relay(
     extra: dict[str, Any] = {"timeout": float(values["timeout"])}
     if publisher == "rabbitmq":
         extra["exchange"] = exchange
+    client = None
     try:
         client = make_publisher(publisher, url, **extra)
         client.connect()
     except ImportError as exc:
-        raise ConfigurationError(str(exc)) from None
+        raise ConfigurationError(redact(str(exc))) from None
     except (PublishError, ValueError) as exc:
-        raise ConfigurationError(f"{publisher} broker at {url} is unreachable: {exc}") from None
+        if client is not None:
+            client.close()  # its event loop and sockets too (NATS), not left to the collector
+        raise ConfigurationError(
+            redact(f"{publisher} broker at {url} is unreachable: {exc}")
+        ) from None
     relay_values = {k: v for k, v in values.items() if k not in PUBLISHER_OPTIONS}
     return Relay(model, client, using=using, **relay_values)
 

@@ -174,7 +174,7 @@ class History:
                     self.write(part, using)
                 except (DataError, IntegrityError) as exc:
                     logger.warning(
-                        "history counts dropped model=%s queue=%s attempts=%s error=%s",
+                        "history counts dropped model=%s queue=%r attempts=%s error=%s",
                         label[:100],
                         queue[:100],
                         sum(r[3] + r[4] for r in part),

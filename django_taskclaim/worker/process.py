@@ -169,7 +169,7 @@ class Worker:
 
     def _stop_requested(self, by: str) -> None:
         """An operator asked this worker to stop (the registry found the request)."""
-        logger.info("stop requested by %s: stopping worker=%s", by, self.worker_id)
+        logger.info("stop requested by=%r: stopping worker=%s", by, self.worker_id)
         self._stop.request(f"stop requested by {by}")
 
     def run(self, announce: Callable[[], None] | None = None) -> int:
@@ -268,7 +268,7 @@ class Worker:
         running = len(self.ledger.running())
         if running:
             logger.info(
-                "stopping worker=%s reason=%s running=%s grace=%ss",
+                "stopping worker=%s reason=%r running=%s grace=%ss",
                 self.worker_id,
                 self._stop.reason,
                 running,

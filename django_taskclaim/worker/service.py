@@ -30,6 +30,7 @@ from typing import Any
 
 from django.db import DatabaseError
 
+from django_taskclaim.redact import redact
 from django_taskclaim.worker.dbconn import backoff, close, pause
 
 logger = logging.getLogger("django_taskclaim.worker")
@@ -40,8 +41,9 @@ WARN_EVERY = 30.0
 
 
 def one_line(exc: BaseException) -> str:
-    """``Type: first line of the message``, for log lines."""
-    lines = str(exc).strip().splitlines()
+    """``Type: first line of the message``, for log lines (any password in it hidden:
+    :func:`~django_taskclaim.redact.redact`)."""
+    lines = redact(str(exc)).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}".strip()
 
 

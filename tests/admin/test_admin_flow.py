@@ -447,23 +447,27 @@ def test_paused_queue_admin_lists_and_resumes(admin_client, django_user_model):
     assert "all queues" in html
     assert 'value="resume_selected"' in html
     assert 'value="delete_selected"' not in html  # resume instead: it wakes the workers
-    # a user who may change errands only: the document pause is skipped, and said so
+    # a user who may view and change errands only: the document pause is not listed
+    # for her, and a resume of it is skipped (not in her list)
     editor = client_for(
         staff(django_user_model, "editor", "view_queuepause", "view_errand", "change_errand")
     )
+    listed = editor.get(url).context["cl"].result_list
+    assert [(p.model, p.queue) for p in listed] == [("flowapp.Errand", "emails")]
     data = {
         "action": "resume_selected",
         "index": 0,
         "_selected_action": [p.pk for p in QueuePause.objects.all()],
     }
     resp = editor.post(url, data, follow=True)
-    assert messages_of(resp) == [
-        "Resume: 1 resumed, 1 skipped (testapp.Document: no change permission)."
-    ]
+    assert messages_of(resp) == ["Resume: 1 resumed, 0 skipped."]
     assert [(p.model, p.queue) for p in QueuePause.objects.all()] == [("testapp.Document", "")]
     (entry,) = entries(Errand)
     assert entry.change_message == "Resumed flowapp.Errand, queue “emails”."
-    viewer = client_for(staff(django_user_model, "viewer", "view_queuepause"))
+    viewer = client_for(staff(django_user_model, "viewer", "view_queuepause", "view_document"))
     html = viewer.get(url).content.decode()
     assert "testapp.Document" in html
     assert 'value="resume_selected"' not in html
+    # the pauses of models she may not view are not listed to her
+    blind = client_for(staff(django_user_model, "blind", "view_queuepause"))
+    assert list(blind.get(url).context["cl"].result_list) == []

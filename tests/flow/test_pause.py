@@ -136,10 +136,23 @@ def test_pause_and_resume_log_who_and_when(caplog):
     resume(Errand, "a", by="bob")
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2, lines
-    assert lines[0].startswith("queue paused model=flowapp.Errand queue=a by=alice at=")
+    assert lines[0].startswith("queue paused model=flowapp.Errand queue='a' by='alice' at=")
     assert row.paused_at.isoformat() in lines[0]
-    assert "reason=slow API" in lines[0]
-    assert lines[1].startswith("queue resumed model=flowapp.Errand queue=a by=bob at=")
+    assert "reason='slow API'" in lines[0]
+    assert lines[1].startswith("queue resumed model=flowapp.Errand queue='a' by='bob' at=")
+
+
+def test_a_queue_name_reason_or_name_with_a_newline_is_logged_on_one_line(caplog):
+    caplog.set_level(logging.DEBUG, logger="django_taskclaim")
+    forged = "a\nINFO django_taskclaim queue resumed model=flowapp.Errand queue=*"
+    pause(Errand, forged, by="mallory\r\nroot", reason="slow\nAPI\x1b[2J")
+    resume(Errand, forged, by="mallory\nroot")
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("django_taskclaim")]
+    assert len(lines) == 2, lines
+    for line in lines:
+        assert line.isprintable(), line  # no newline, carriage return or escape
+    assert "queue='a\\nINFO django_taskclaim" in lines[0]
+    assert "by='mallory\\r\\nroot'" in lines[0]
 
 
 def test_a_pause_inside_a_rolled_back_transaction_pauses_nothing():

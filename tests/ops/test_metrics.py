@@ -105,12 +105,34 @@ def test_a_scrape_with_the_token_reads_the_gauges_of_the_rows(client, rows):
     check(families(response.content.decode()))
 
 
-def test_a_staff_user_reads_them_without_a_token(client, rows):
-    staff = get_user_model().objects.create_user("ops", password="x", is_staff=True)
-    client.force_login(staff)
+def staff_user(name: str, *codenames: str):
+    """An active staff user holding the ``taskclaim`` permissions ``codenames``."""
+    from django.contrib.auth.models import Permission
+
+    user = get_user_model().objects.create_user(name, password="x", is_staff=True)
+    user.user_permissions.add(
+        *Permission.objects.filter(content_type__app_label="taskclaim", codename__in=codenames)
+    )
+    return user
+
+
+def test_a_staff_user_with_the_permission_reads_them_without_a_token(client, rows):
+    client.force_login(staff_user("ops", "view_metrics"))
     response = client.get(URL)
     assert response.status_code == 200
     check(families(response.content.decode()))
+
+
+def test_a_staff_user_without_the_metrics_permission_gets_403(client, rows):
+    # Staff, and allowed to see every model's rows and the workers: not the metrics.
+    client.force_login(staff_user("viewer", "view_workerprocess", "view_queuepause"))
+    response = client.get(URL)
+    assert response.status_code == 403
+    assert b"taskclaim.view_metrics" in response.content
+    assert b"taskclaim_tasks" not in response.content
+    superuser = get_user_model().objects.create_superuser("root", password="x")
+    client.force_login(superuser)  # holds every permission
+    assert client.get(URL).status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -211,3 +233,34 @@ def test_rows_waiting_for_prerequisites_and_for_events_are_counted():
     stats = model_stats(Document)
     assert stats.counts["waiting"] == 2
     assert stats.parked == 1
+
+
+def test_5000_queue_names_give_at_most_the_cap_plus_one_series_per_metric(settings):
+    from tests.support.flowapp.models import Errand
+
+    settings.TASKCLAIM_METRICS_MAX_QUEUES = 50
+    Errand.objects.bulk_create(Errand(queue_name=f"tenant-{i:04d}") for i in range(5000))
+    Errand.objects.bulk_create(Errand(queue_name="zz-busiest") for _ in range(3))
+    failed = Errand.objects.create(queue_name="tenant-4999")  # 2 rows: among the busiest
+    Errand.objects.filter(pk=failed.pk).update(status="failed")
+    QueuePause.objects.bulk_create(
+        QueuePause(model="flowapp.Errand", queue=f"tenant-{i:04d}") for i in range(60)
+    )
+    QueuePause.objects.create(model="flowapp.Errand", queue="")
+    out = StringIO()
+    call_command("taskclaim_metrics", "flowapp.Errand", stdout=out)
+    found = families(out.getvalue())
+    for name in ("taskclaim_expired_leases", "taskclaim_oldest_ready_age_seconds"):
+        assert len(found[name]) == 51, name
+    assert len(found["taskclaim_tasks"]) == 51 * 4  # per state
+    ready = {
+        dict(k)["queue"]: v for k, v in found["taskclaim_tasks"].items() if ("state", "ready") in k
+    }
+    assert ready["zz-busiest"] == 3
+    assert ready["tenant-4999"] == 1
+    assert sum(ready.values()) == 5003  # the others summed up, nothing lost
+    assert ready["(other)"] == 5003 - 3 - 1 - 48
+    paused = {dict(k)["queue"] for k in found["taskclaim_queue_paused"]}
+    assert len(paused) == 52  # the whole model, 50 queues by name, "(other)"
+    assert {"", "(other)", "tenant-0000"} <= paused
+    assert "tenant-0059" not in paused

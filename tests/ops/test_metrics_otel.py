@@ -195,3 +195,25 @@ def test_duration_histograms_have_buckets_for_seconds(reader, settings):
         assert found[name], name
         for point in found[name]:
             assert tuple(point.explicit_bounds) == telemetry.DURATION_BUCKETS, name
+
+
+def test_the_queue_attribute_has_at_most_the_cap_plus_one_values(settings):
+    """5,000 queue names: the first ``TASKCLAIM_METRICS_MAX_QUEUES`` a process sees are
+    their own ``queue`` value, every later one is ``"(other)"``."""
+    from tests.support.flowapp.models import Errand
+
+    settings.TASKCLAIM_METRICS_MAX_QUEUES = 50
+    found = export.InMemoryMetricReader()
+    telemetry.configure(sdk.MeterProvider(metric_readers=[found]))
+    try:
+        for i in range(5000):
+            telemetry.timed_out(Errand(queue_name=f"tenant-{i:04d}"))
+        telemetry.timed_out(Errand(queue_name="tenant-0007"))  # seen: keeps its value
+        got = points(found)["taskclaim.tasks.timed_out"]
+    finally:
+        telemetry.configure(None)
+    values = {p.attributes["queue"]: p.value for p in got}
+    assert len(values) == 51
+    assert values["(other)"] == 4950
+    assert values["tenant-0007"] == 2
+    assert sum(values.values()) == 5001

@@ -535,3 +535,88 @@ def test_publishers_raise_publish_error_when_the_broker_is_unreachable():
     assert issubclass(MessagesRejected, PublishError)
     with pytest.raises(ValueError, match="unknown publisher"):
         make_publisher("smtp", "x")
+
+
+# -- no password in any message ---------------------------------------------------------
+
+PASSWORD = "S3cr3t-Passw0rd"
+#: The brokers the tests use, each at a port nothing listens on (a refused connection),
+#: with a password in the URL.
+SECRET_URLS = {
+    "rabbitmq": f"amqp://relay:{PASSWORD}@127.0.0.1:1/%2F",
+    "nats": f"nats://relay:{PASSWORD}@127.0.0.1:1",
+}
+
+
+def client_library(publisher: str) -> None:
+    pytest.importorskip({"rabbitmq": "pika", "nats": "nats"}[publisher])
+
+
+@pytest.mark.parametrize("publisher", sorted(SECRET_URLS))
+def test_a_refused_broker_connection_never_shows_the_password(publisher, caplog):
+    from django_taskclaim.outbox.options import RELAY_OPTIONS
+    from django_taskclaim.outbox.runner import open_relay
+
+    client_library(publisher)
+    values = {o.name: o.default for o in RELAY_OPTIONS} | {"timeout": 2.0}
+    caplog.set_level("DEBUG")
+    with pytest.raises(ConfigurationError) as raised:
+        open_relay(Message, publisher, SECRET_URLS[publisher], values)
+    shown = str(raised.value)
+    assert "unreachable" in shown
+    assert "relay:***@127.0.0.1:1" in shown  # who and where stay readable
+    assert raised.value.__suppress_context__  # no traceback of the client's error either
+    messages = [shown, *(r.getMessage() for r in caplog.records)]
+    assert not [m for m in messages if PASSWORD in m]
+
+
+@pytest.mark.parametrize("publisher", sorted(SECRET_URLS))
+@pytest.mark.parametrize("given", ["--url", "environment"])
+def test_the_relay_command_never_prints_the_password(publisher, given):
+    client_library(publisher)
+    url = SECRET_URLS[publisher]
+    args = [LABEL, "--publisher", publisher, "--timeout", "2", "-v", "3"]
+    env = {}
+    if given == "--url":
+        args += ["--url", url]
+    else:
+        env["TASKCLAIM_RELAY_URL"] = url  # not on the command line: not in ps
+    done = run_command("taskclaim_relay", *args, env=env, timeout=60)
+    assert done.returncode != 0
+    assert "unreachable" in done.stderr, done.stderr
+    assert "relay:***@127.0.0.1:1" in done.stderr
+    assert PASSWORD not in done.stdout + done.stderr
+
+
+def test_the_broker_url_comes_from_the_option_the_environment_or_the_setting(monkeypatch, settings):
+    from django.core.management import CommandError
+
+    from django_taskclaim.management.commands.taskclaim_relay import ENV_URL, broker_url
+
+    monkeypatch.delenv(ENV_URL, raising=False)
+    with pytest.raises(
+        CommandError, match=f"no broker URL: set the environment variable {ENV_URL}"
+    ):
+        broker_url(None)
+    settings.TASKCLAIM_RELAY_URL = "nats://from-settings"
+    assert broker_url(None) == "nats://from-settings"
+    monkeypatch.setenv(ENV_URL, "nats://from-env")
+    assert broker_url(None) == "nats://from-env"
+    assert broker_url("nats://given") == "nats://given"
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("amqp://relay:pw@h:5672/%2F", "amqp://relay:***@h:5672/%2F"),
+        ("at nats://u:p@ss@h:4222 down", "at nats://u:***@h:4222 down"),
+        ("postgres://:pw@h/db", "postgres://:***@h/db"),
+        ("host=h password=pw user=u", "host=h password=*** user=u"),
+        ("PASSWORD = 'a b' port=1", "PASSWORD = *** port=1"),
+        ("amqp://guest@h/ and http://h/a:b@c", "amqp://guest@h/ and http://h/a:b@c"),
+    ],
+)
+def test_redact_hides_the_password_and_keeps_the_rest(text, shown):
+    from django_taskclaim.redact import redact
+
+    assert redact(text) == shown

@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, ...]] = [
         "django_taskclaim.locks",  # its __init__ names the public lock API lazily
         "django_taskclaim.locks.keys",
         "django_taskclaim.deprecation",  # the moved import paths (imports nothing of ours)
+        "django_taskclaim.redact",  # passwords out of printed URLs and error messages
     ),
     # 1: vendor SQL
     ("django_taskclaim.backends",),

@@ -121,7 +121,7 @@ def test_stop_from_the_admin_finishes_what_runs_claims_nothing_more_and_exits_ze
     )
     assert "1 asked to stop, 0 skipped" in resp.content.decode()
     # The worker sees the request while the body still runs (its gate is shut).
-    w.stderr_count("stop requested by ops", 1)
+    w.stderr_count("stop requested by='ops'", 1)
     assert w.alive()
     assert Document.objects.get(pk=running.pk).status == "processing"
     gate.write_text("open")

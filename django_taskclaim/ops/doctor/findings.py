@@ -11,6 +11,7 @@ from typing import Any, Literal
 from django.db import DatabaseError, connections, transaction
 
 from django_taskclaim.exceptions import TaskClaimError
+from django_taskclaim.redact import redact
 
 Severity = Literal["ok", "warning", "error"]
 #: The severities, mildest first.
@@ -89,8 +90,9 @@ def exit_code(findings: Iterable[Finding], *, fail_on: Severity = "warning") -> 
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an error's text (its class name when it has none)."""
-    text = str(exc).strip()
+    """The first line of an error's text (its class name when it has none), any
+    password in it hidden (:func:`~django_taskclaim.redact.redact`)."""
+    text = redact(str(exc)).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
 

@@ -20,12 +20,13 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 METRICS = {
     "taskclaim_tasks": "Rows of a claimable model per state (ready includes rows scheduled "
     "for later and rows parked until an event; waiting: rows waiting for prerequisites), "
-    "per queue.",
+    'per queue (queue "(other)": the sum of the queues past TASKCLAIM_METRICS_MAX_QUEUES).',
     "taskclaim_expired_leases": "Processing rows whose lease has expired (database clock): "
     "the next reap takes them back.",
     "taskclaim_oldest_ready_age_seconds": "Seconds since the oldest row ready to run now became "
     "ready (created, or retried / requeued; database clock); 0 when none is.",
-    "taskclaim_queue_paused": "1 for each paused queue (queue empty: all of the model's queues).",
+    "taskclaim_queue_paused": "1 for each paused queue (queue empty: all of the model's queues; "
+    'queue "(other)": more paused queues than TASKCLAIM_METRICS_MAX_QUEUES).',
     "taskclaim_rate_limit_starts": "Starts (claims) in the rate limit ring's current "
     "window (database clock); scope empty: the whole model.",
     "taskclaim_rate_limit": "The rate limit's N: at most this many starts in any window.",

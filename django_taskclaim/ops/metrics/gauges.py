@@ -11,6 +11,11 @@ the pause table, per rate-limited model the reads of
 the live workers' models. Every age
 is the database's ``now()`` minus a stored time (DB CLOCK: never the web server's
 clock). Served as Prometheus text by :mod:`.views` and ``manage.py taskclaim_metrics``.
+
+The series stay bounded whatever the rows hold: per model, the
+``TASKCLAIM_METRICS_MAX_QUEUES`` busiest queues have series of their own, the others
+are summed up under the queue :data:`OTHER_QUEUES` (:func:`capped`); so are the paused
+queues past that many.
 """
 
 from __future__ import annotations
@@ -23,11 +28,23 @@ from django.db import models, router
 from django.db.models import Aggregate, Count, Min, Q
 
 from django_taskclaim.config.options import ClaimOptions, get_options
+from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.db import DbNow, db_now
 from django_taskclaim.flow.rate_view import KeyRings, RateRing, rate_view
 from django_taskclaim.rules import lease_expired_q, live_worker_q, ready_since, silent_worker_q
+from django_taskclaim.telemetry import OTHER_QUEUES  # a queue of that name: summed up too
 
-__all__ = ["QUEUE_FIELD", "Gauges", "QueueGauges", "collect", "event_waits", "queue_gauges"]
+__all__ = [
+    "OTHER_QUEUES",
+    "QUEUE_FIELD",
+    "Gauges",
+    "QueueGauges",
+    "capped",
+    "capped_pauses",
+    "collect",
+    "event_waits",
+    "queue_gauges",
+]
 
 #: The field a model's queues are told apart by (the worker's ``--queue``).
 QUEUE_FIELD = "queue_name"
@@ -197,6 +214,55 @@ def queue_gauges(model: type[models.Model], now: datetime, *, using: str) -> lis
     return found
 
 
+def _rows_of(g: QueueGauges) -> int:
+    return g.ready + g.processing + g.failed + g.waiting
+
+
+def capped(found: list[QueueGauges], limit: int | None = None) -> list[QueueGauges]:
+    """``found`` (the gauges of one model's queues) with at most ``limit`` (default:
+    ``TASKCLAIM_METRICS_MAX_QUEUES``) queues of their own, the busiest (most ``ready``,
+    ``processing``, ``failed`` and ``waiting`` rows; by name among equals), in queue
+    order, and one more, queue :data:`OTHER_QUEUES`, that sums up the others (its age:
+    the oldest of theirs). ``found`` as it is when it has no more queues than that."""
+    limit = taskclaim_settings.METRICS_MAX_QUEUES if limit is None else limit
+    if len(found) <= limit:
+        return found
+    # A queue named like the sum ranks last: it is summed up, never a second such series.
+    ranked = sorted(found, key=lambda g: (g.queue == OTHER_QUEUES, -_rows_of(g), g.queue))
+    kept, rest = ranked[:limit], ranked[limit:]
+    ages = [g.oldest_ready_age for g in rest if g.oldest_ready_age is not None]
+    other = QueueGauges(
+        model=found[0].model,
+        queue=OTHER_QUEUES,
+        ready=sum(g.ready for g in rest),
+        processing=sum(g.processing for g in rest),
+        failed=sum(g.failed for g in rest),
+        expired=sum(g.expired for g in rest),
+        oldest_ready_age=None if found[0].oldest_ready_age is None else max(ages, default=0.0),
+        waiting=sum(g.waiting for g in rest),
+    )
+    return [*sorted(kept, key=lambda g: g.queue), other]
+
+
+def capped_pauses(paused: list[tuple[str, str]], limit: int | None = None) -> list[tuple[str, str]]:
+    """``paused`` ((model, queue) pairs, sorted) with at most ``limit`` (default:
+    ``TASKCLAIM_METRICS_MAX_QUEUES``) paused queues per model, the first by name, the
+    pause of the whole model (queue ``""``) always kept; the others of a model become
+    one pair ``(model, OTHER_QUEUES)``, listed once."""
+    limit = taskclaim_settings.METRICS_MAX_QUEUES if limit is None else limit
+    shown: list[tuple[str, str]] = []
+    named: dict[str, int] = {}
+    for model, queue in paused:
+        if queue and queue != OTHER_QUEUES and named.get(model, 0) < limit:
+            named[model] = named.get(model, 0) + 1
+        elif queue:
+            if (model, OTHER_QUEUES) not in shown:
+                shown.append((model, OTHER_QUEUES))
+            continue
+        shown.append((model, queue))
+    return shown
+
+
 def collect(
     targets: Iterable[type[models.Model]] | None = None, *, using: str | None = None
 ) -> Gauges:
@@ -219,7 +285,7 @@ def collect(
         db = using or router.db_for_read(model)
         if db not in clocks:
             clocks[db] = db_now(db)
-        gauges.queues.extend(queue_gauges(model, clocks[db], using=db))
+        gauges.queues.extend(capped(queue_gauges(model, clocks[db], using=db)))
     by_db: dict[str, list[str]] = {}
     for model in chosen:
         by_db.setdefault(using or router.db_for_read(model), []).append(model._meta.label)
@@ -229,8 +295,10 @@ def collect(
         gauges.rate_rings.extend(r for r in rated.rings if r.per != "key" or r.starts)
         if rated.keys is not None:
             gauges.rate_keys.append(rated.keys)
-    gauges.paused = list(
-        QueuePause.objects.using(home).order_by("model", "queue").values_list("model", "queue")
+    gauges.paused = capped_pauses(
+        list(
+            QueuePause.objects.using(home).order_by("model", "queue").values_list("model", "queue")
+        )
     )
     workers = WorkerProcess.objects.using(home)
     gauges.silent_workers = workers.filter(silent_worker_q()).count()

@@ -2,8 +2,8 @@
 
 Add it to your ``urls.py``; it answers only a request that carries
 ``Authorization: Bearer <TASKCLAIM_METRICS_TOKEN>`` (compared in constant time) or comes
-from a logged-in active staff user, and ``403`` to anyone else. See
-docs/observability.md.
+from a logged-in active staff user with the permission :data:`PERMISSION`, and ``403``
+to anyone else. See docs/observability.md.
 """
 
 from __future__ import annotations
@@ -20,7 +20,11 @@ from django_taskclaim.config.settings import taskclaim_settings
 from django_taskclaim.ops.metrics.exposition import CONTENT_TYPE, render
 from django_taskclaim.ops.metrics.gauges import collect
 
-__all__ = ["allowed", "metrics_view"]
+__all__ = ["PERMISSION", "allowed", "metrics_view"]
+
+#: The permission a staff user needs to read the metrics (every model's queue names and
+#: figures): a permission of its own, on the dashboard's proxy model.
+PERMISSION = "taskclaim.view_metrics"
 
 logger = logging.getLogger("django_taskclaim.ops.metrics")
 
@@ -28,7 +32,8 @@ logger = logging.getLogger("django_taskclaim.ops.metrics")
 def allowed(request: HttpRequest) -> bool:
     """Whether ``request`` may read the metrics: it carries the bearer token of
     ``TASKCLAIM_METRICS_TOKEN`` (when that is set), or its user is an active staff
-    member (with ``AuthenticationMiddleware``). Nothing else passes."""
+    member (with ``AuthenticationMiddleware``) who holds :data:`PERMISSION` (a superuser
+    does). Nothing else passes."""
     token = taskclaim_settings.METRICS_TOKEN
     header = request.headers.get("Authorization", "")
     scheme, _, given = header.partition(" ")
@@ -41,7 +46,7 @@ def allowed(request: HttpRequest) -> bool:
     ):
         return True
     user = getattr(request, "user", None)
-    return bool(user is not None and user.is_active and user.is_staff)
+    return bool(user is not None and user.is_active and user.is_staff and user.has_perm(PERMISSION))
 
 
 @never_cache
@@ -52,7 +57,8 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     :func:`allowed`, ``503`` with one line when the database cannot be read."""
     if not allowed(request):
         return HttpResponseForbidden(
-            "forbidden: send Authorization: Bearer <TASKCLAIM_METRICS_TOKEN> or log in as staff\n",
+            "forbidden: send Authorization: Bearer <TASKCLAIM_METRICS_TOKEN> or log in as "
+            f"staff with the permission {PERMISSION}\n",
             content_type="text/plain; charset=utf-8",
         )
     try:
