@@ -95,6 +95,9 @@ class Change(StrEnum):
     PREREQUISITE_FAILED = "prerequisite_failed"
     #: the same with the policy ``hold``: the row stays ``waiting``, the text says why
     HOLD = "hold"
+    #: the last prerequisite settled while another active row holds the row's unique
+    #: key: ``waiting`` → ``cancelled`` (skipped as a duplicate), the text naming the key
+    DUPLICATE = "duplicate"
 
 
 #: The table: per state change, the optional fields it writes, in the order they are
@@ -123,6 +126,7 @@ RESETS: dict[Change, dict[str, Write]] = {
     Change.UNBLOCK: {},
     Change.PREREQUISITE_FAILED: {"finished_at": Write.CLOCK, "last_error": Write.ERROR},
     Change.HOLD: {"last_error": Write.ERROR},
+    Change.DUPLICATE: {"finished_at": Write.CLOCK, "last_error": Write.ERROR},
 }
 
 #: One step of a plan: the field's name, its attribute name, what it gets.
