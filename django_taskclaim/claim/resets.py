@@ -111,6 +111,9 @@ class Change(StrEnum):
     HOLD = "hold"
     #: ``emit()`` wakes a row parked by ``wait_for_event()``: due now, in line from now
     WAKE = "wake"
+    #: the last prerequisite settled while another active row holds the row's unique
+    #: key: ``waiting`` → ``cancelled`` (skipped as a duplicate), the text naming the key
+    DUPLICATE = "duplicate"
 
 
 #: The table: per state change, the optional fields it writes, in the order they are
@@ -144,6 +147,7 @@ RESETS: dict[Change, dict[str, Write]] = {
     Change.PREREQUISITE_FAILED: {"finished_at": Write.CLOCK, "last_error": Write.ERROR},
     Change.HOLD: {"last_error": Write.ERROR},
     Change.WAKE: {"run_after": Write.CLOCK, "created_at": Write.IN_LINE},
+    Change.DUPLICATE: {"finished_at": Write.CLOCK, "last_error": Write.ERROR},
 }
 
 #: One step of a plan: the field's name, its attribute name, what it gets.

@@ -13,7 +13,9 @@ The one home of the rule "a row waits until its prerequisites settle":
   ``ClaimMeta.dependents``, inside that settle's transaction): closes the settled rows'
   open edges and, under a row lock on each dependent, releases the dependent whose last
   edge it closed (``waiting`` → ``ready``, the workers woken after the commit) or applies
-  its policy to a failed prerequisite; a cancelled dependent's own dependents follow.
+  its policy to a failed prerequisite; a cancelled dependent's own dependents follow. A
+  dependent whose unique key another active row holds is skipped as a duplicate
+  (``cancelled``) instead of released: the settle never fails on a dependent's key.
 - :func:`settle_and_release` is how a settle path wraps its write and the release in one
   transaction (retried whole on a deadlock), or runs the write alone for a model whose
   rows nobody may wait for.
@@ -48,13 +50,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.apps import apps
-from django.db import models, transaction
+from django.db import IntegrityError, models, transaction
 
 from django_taskclaim.claim.resets import Change, writes
 from django_taskclaim.config.discovery import is_claimable
 from django_taskclaim.config.options import ClaimOptions, get_options
 from django_taskclaim.db import DbNow, retry_transient
 from django_taskclaim.exceptions import DependencyError
+from django_taskclaim.model.unique import UniqueKey, active_key_fields, unique_constraint_on
+from django_taskclaim.model.unique_insert import is_unique_violation
 from django_taskclaim.row.status import TERMINAL_STATES
 from django_taskclaim.wakeup.notify import notify
 
@@ -372,8 +376,9 @@ def release_dependents(
     while work:
         label, keys, state = work.pop()
         for dlabel, dkey in _dependents_of(label, keys, using):
-            if _settle_edges(label, set(keys), state, dlabel, dkey, using):
-                work.append((dlabel, [dkey], "cancelled"))
+            ended = _settle_edges(label, set(keys), state, dlabel, dkey, using)
+            if ended is not None:
+                work.append((dlabel, [dkey], ended))
 
 
 def _dependents_of(label: str, keys: list[str], using: str) -> list[tuple[str, str]]:
@@ -395,14 +400,15 @@ def _settle_edges(
     dkey: str,
     using: str,
     errors: dict[str, str] | None = None,
-) -> bool:
+) -> str | None:
     """Settle the open edges from ``label`` ``keys`` to one dependent, under the lock of
-    its fan-in counter; return whether the dependent was cancelled (its own dependents
-    follow). What is read and written is the counter row, the edges being closed and
-    the dependent's row, never the dependent's other edges: the same cost for ten
-    prerequisites or 100,000. The dependent's writes are conditional on its being
-    ``waiting`` (an operator may have cancelled it meanwhile). ``errors``: the
-    prerequisites' ``last_error`` when the caller read them already (the seal)."""
+    its fan-in counter; return the final state the dependent was moved to, if any and if
+    its model declares ``dependents`` (its own dependents follow), else ``None``. What is
+    read and written is the counter row, the edges being closed and the dependent's row,
+    never the dependent's other edges: the same cost for ten prerequisites or 100,000.
+    The dependent's writes are conditional on its being ``waiting`` (an operator may
+    have cancelled it meanwhile). ``errors``: the prerequisites' ``last_error`` when the
+    caller read them already (the seal)."""
 
     def error_of(key: str) -> str:
         if errors is not None and key in errors:
@@ -428,7 +434,7 @@ def _settle_edges(
     if counter is None:  # its counter deleted by hand: count the open edges instead
         policy = mine.values_list("on_failure", flat=True).first()
         if policy is None:
-            return False
+            return None
         still = _edges(using).filter(dependent_model=dlabel, dependent_pk=dkey, outcome=OPEN)
         counter = (None, still.count(), policy)
     policy = counter[2]
@@ -440,22 +446,15 @@ def _settle_edges(
         if key is not None:  # held: the edge stays open, the row says why
             text = _why(label, key, state, error_of(key), policy)
             waiting.update(**writes(dopts, Change.HOLD, error=text))
-        return False
+        return None
     closed = mine.update(outcome=state, settled_at=DbNow())
     if not closed:
-        return False  # closed by another settle that came first
-    released = cancelled = False
+        return None  # closed by another settle that came first
+    released = False
+    ended: str | None = None
     if state == "done" or policy == "run":
         if counter[1] - closed <= 0:
-            released = bool(
-                waiting.update(
-                    **{
-                        dopts.status_field: dopts.value("ready"),
-                        "version": models.F("version") + 1,
-                    },
-                    **writes(dopts, Change.UNBLOCK),
-                )
-            )
+            released, ended = _release(dmodel, dkey, waiting, using)
             if released:
                 notify(dmodel, using=using)  # after the commit, as for a new row
     else:
@@ -472,22 +471,80 @@ def _settle_edges(
             .first()
         )
         text = _why(label, key, state, error_of(key), policy)
-        cancelled = bool(
-            waiting.update(
-                **{
-                    dopts.status_field: dopts.value("cancelled"),
-                    "version": models.F("version") + 1,
-                },
-                **writes(dopts, Change.PREREQUISITE_FAILED, error=text),
-            )
+        cancelled = waiting.update(
+            **{
+                dopts.status_field: dopts.value("cancelled"),
+                "version": models.F("version") + 1,
+            },
+            **writes(dopts, Change.PREREQUISITE_FAILED, error=text),
         )
+        ended = "cancelled" if cancelled else None
     if counter[0] is not None:
         _fan_ins(using).filter(pk=counter[0]).update(
             open=models.F("open") - closed,
             **{state: models.F(state) + closed},
             **({"released_at": DbNow()} if released else {}),
         )
-    return cancelled and dopts.dependents
+    return ended if dopts.dependents else None
+
+
+def _release(
+    dmodel: type[models.Model], dkey: str, waiting: models.QuerySet, using: str
+) -> tuple[bool, str | None]:
+    """``waiting`` → ``ready`` for the dependent ``dkey`` whose last edge just closed;
+    return whether it was released, and the final state it was moved to instead.
+    Releasing a row makes its unique keys active (docs/unique.md); where another active
+    row holds one, the database refuses the release, and the row is skipped as a
+    duplicate instead: ``cancelled`` (``failed`` for a model that maps no ``cancelled``
+    state), the text naming the key and its holder. The refused ``UPDATE`` is the
+    arbiter, as the refused ``INSERT`` is for ``enqueue_unique()``: an enqueue of the key
+    still uncommitted is waited for, then decides. It runs in a savepoint, so the settle
+    it is part of goes on; a model without active keys pays for none."""
+    dopts = get_options(dmodel)
+    ready = {dopts.status_field: dopts.value("ready"), "version": models.F("version") + 1}
+    keys = _unique_keys(dmodel)
+    if not keys:
+        return bool(waiting.update(**ready, **writes(dopts, Change.UNBLOCK))), None
+    try:
+        with transaction.atomic(using=using):
+            return bool(waiting.update(**ready, **writes(dopts, Change.UNBLOCK))), None
+    except IntegrityError as exc:
+        key = next((k for k in keys if is_unique_violation(exc, k, using)), None)
+        if key is None:
+            raise
+    ended = "cancelled" if dopts.statuses.get("cancelled") is not None else "failed"
+    text = _duplicate(dmodel, dkey, key, using)
+    skipped = waiting.update(
+        **{dopts.status_field: dopts.value(ended), "version": models.F("version") + 1},
+        **writes(dopts, Change.DUPLICATE, error=text),
+    )
+    return False, ended if skipped else None
+
+
+def _unique_keys(model: type[models.Model]) -> list[UniqueKey]:
+    """The active keys of ``model`` that a unique constraint enforces."""
+    found = []
+    for active in active_key_fields(model):
+        constraint = unique_constraint_on(model, active.name)
+        if constraint is not None:
+            found.append(
+                UniqueKey(model, active.key_field, active.name, str(active.column), constraint)
+            )
+    return found
+
+
+def _duplicate(dmodel: type[models.Model], dkey: str, key: UniqueKey, using: str) -> str:
+    """Why the dependent ``dkey`` was skipped: its key, and the active row holding it
+    (two indexed reads, on this path only)."""
+    rows = dmodel._base_manager.using(using)
+    pk = _pk(dmodel, dkey)
+    value = rows.filter(pk=pk).values_list(key.key_field, flat=True).first()
+    holder = rows.filter(**{key.field: value}).exclude(pk=pk).values_list("pk", flat=True).first()
+    who = "" if holder is None else f" ({label_of(dmodel)} #{key_of(holder)})"
+    return (
+        f"skipped as a duplicate: its key {key.key_field} {value!r} was held by another "
+        f"active row{who} when its prerequisites finished"
+    )
 
 
 def _prerequisite_error(label: str, key: str, using: str) -> str:
@@ -509,7 +566,8 @@ def open_prerequisites(obj: models.Model, limit: int | None = None) -> list[tupl
 class FanIn:
     """Where a dependent row stands: of its ``total`` prerequisites, ``open`` still
     unsettled (or held by ``on_failure='hold'``), and how many ended ``done``,
-    ``failed`` and ``cancelled``; ``released`` once its last prerequisite settled."""
+    ``failed`` and ``cancelled``; ``released`` once its last prerequisite settled made it
+    ``ready`` (not when that cancelled it, or skipped it as a duplicate of its key)."""
 
     total: int
     open: int

@@ -55,3 +55,54 @@ class LegacySync(ClaimFieldsMixin, ErrorFieldMixin, ClaimableMixin, models.Model
 
     def process(self) -> None:
         return None
+
+
+class KeyedStep(ClaimableModel):
+    """A row of a workflow with a unique key (tests/workflows/test_unique_dependents.py):
+    it may wait for other rows (``after=``), rows may wait for it, and while ``ready`` or
+    ``processing`` it holds ``dedupe_key``."""
+
+    name = models.CharField(max_length=100, blank=True, default="")
+    dedupe_key = models.CharField(max_length=100, null=True, blank=True)
+    active_dedupe_key = ActiveKeyField("dedupe_key")
+
+    class ClaimMeta:
+        dependents = True
+        lease = 30
+
+    class Meta(ClaimableModel.Meta):
+        constraints = [
+            models.UniqueConstraint(fields=["active_dedupe_key"], name="uniq_keyedstep_active_key")
+        ]
+
+    def process(self) -> None:
+        return None
+
+
+class KeyedTally(ClaimFieldsMixin, ErrorFieldMixin, ClaimableMixin, models.Model):
+    """A keyed row that may wait for others but maps no ``cancelled`` state (its status
+    field is ``state``): skipped as a duplicate, it ends ``failed``."""
+
+    state = models.CharField(max_length=16, default="ready")
+    dedupe_key = models.CharField(max_length=100, null=True, blank=True)
+    active_dedupe_key = ActiveKeyField("dedupe_key")
+
+    class ClaimMeta:
+        status_field = "state"
+        statuses = {
+            "ready": "ready",
+            "processing": "processing",
+            "done": "done",
+            "failed": "failed",
+            "waiting": "waiting",
+        }
+        ordering = ("pk",)
+
+    class Meta:
+        indexes = claim_indexes("keytally", status_field="state", order=("id",))
+        constraints = [
+            models.UniqueConstraint(fields=["active_dedupe_key"], name="uniq_keyedtally_active_key")
+        ]
+
+    def process(self) -> None:
+        return None
