@@ -123,14 +123,15 @@ class Change(StrEnum):
 #: operator's requeue clears it; ``priority`` and ``task_timeout`` are the producer's and
 #: no state change writes them. ``created_at`` is the row's place in line: set when it is
 #: enqueued, moved to the due time by the changes a run asks for to come back later
-#: (``Retry``, ``Snooze``, a park of ``wait_for_event()``, and the emit that wakes it), so
+#: (``Snooze``, a park of ``wait_for_event()``, and the emit that wakes it), so
 #: that a row that comes back never overtakes rows that were due before it; a row given
-#: back or reaped without asking (release, give-back, the reaper) keeps its place.
+#: back or reaped without asking (release, give-back, the reaper) keeps its place, and so
+#: does a retry (it counts an attempt: ``max_attempts`` ends any loop).
 RESETS: dict[Change, dict[str, Write]] = {
     Change.CLAIM: {"locked_by": Write.HOLDER, "claimed_at": Write.CLOCK},
     Change.COMPLETE: {"finished_at": Write.CLOCK},
     Change.FAIL: {"finished_at": Write.CLOCK, "last_error": Write.ERROR},
-    Change.RETRY: {"last_error": Write.ERROR, "run_after": Write.DUE, "created_at": Write.IN_LINE},
+    Change.RETRY: {"last_error": Write.ERROR, "run_after": Write.DUE},
     Change.GIVE_UP: {"finished_at": Write.CLOCK, "last_error": Write.ERROR},
     Change.GIVE_BACK: {},
     Change.SNOOZE: {"run_after": Write.DUE, "created_at": Write.IN_LINE},

@@ -73,9 +73,10 @@ def test_writes_follow_the_table_for_the_fields_a_model_has():
     assert writes(opts, Change.REQUEUE)["finished_at"] is None
     assert writes(opts, Change.REQUEUE)["claimed_at"] is None
     retried = writes(opts, Change.RETRY, delay=0)
-    assert list(retried) == ["run_after", "created_at"]  # no error: kept
-    assert retried["run_after"] is None  # due now ...
-    assert isinstance(retried["created_at"], DbNow)  # ... and in line from now
+    assert list(retried) == ["run_after"]  # no error: kept; its place in line: kept
+    assert retried["run_after"] is None  # due now
+    snoozed = writes(opts, Change.SNOOZE, delay=0)
+    assert isinstance(snoozed["created_at"], DbNow)  # in line from when it is due
     assert not isinstance(writes(opts, Change.SNOOZE, delay=5)["created_at"], DbNow)  # + 5 s
     assert "last_error" in writes(opts, Change.RETRY, error="x", delay=3)
     assert writes(opts, Change.GIVE_BACK) == {}

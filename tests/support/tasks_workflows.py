@@ -64,7 +64,7 @@ def two_steps(context, marker):
 
 @task
 def sleepy():
-    """Parks itself once (``Snooze(0)``: due again at once), then returns."""
+    """Parks itself once (``Snooze(0)``: due again after the 1 s floor), then returns."""
     if "slept" not in completed_steps():
         step("slept", lambda: True)
         raise Snooze(0)

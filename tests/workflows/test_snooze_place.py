@@ -82,15 +82,17 @@ def test_a_snoozed_row_queues_behind_rows_due_before_it_and_zero_waits_the_floor
     assert first_claimed() == newer.pk  # "newer" was due before it woke
 
 
-def test_a_retried_row_queues_behind_rows_due_before_its_retry():
+def test_a_retried_row_keeps_its_place_in_line():
+    # A retry counts an attempt (max_attempts ends any loop) and is normally delayed by
+    # its backoff: once due it runs before newer rows, not behind a whole backlog.
     old = Document.objects.create(title="old")
-    newer = Document.objects.create(title="newer")
+    Document.objects.create(title="newer")
 
     def again(task):
         raise Retry(0)
 
     assert run_task(Document.objects.claim_next(), again) == "ready"
-    assert first_claimed() == newer.pk  # Retry(0) is due now, at the back of the line
+    assert first_claimed() == old.pk
     assert Document.objects.get(pk=old.pk).last_error
 
 

@@ -159,12 +159,18 @@ def to_result(row: Any, *, task: Task | None = None, now: datetime | None = None
     now = now or timezone.now()
     args = row.args if isinstance(row.args, list) else []
     kwargs = row.kwargs if isinstance(row.kwargs, dict) else {}
+    started_at = _loaded(row, "started_at", now)
+    enqueued_at = _loaded(row, "created_at", now)
+    if started_at is not None and enqueued_at is not None and started_at < enqueued_at:
+        # a snoozed or parked task took a new place in line (``created_at``) after its
+        # first start: Django's result never reads as enqueued after it started
+        enqueued_at = started_at
     result: TaskResult = TaskResult(
         task=task if task is not None else task_for_row(row),
         id=str(row.pk),
         status=STATUS_MAP[state],
-        enqueued_at=_loaded(row, "created_at", now),
-        started_at=_loaded(row, "started_at", now),
+        enqueued_at=enqueued_at,
+        started_at=started_at,
         finished_at=_loaded(row, "finished_at", now if state in ("done", "failed") else None),
         last_attempted_at=_loaded(row, "last_attempted_at", now),
         args=args,
