@@ -115,8 +115,9 @@ mariadb_skip_reason() {
 # (the PostgreSQL pass on an otherwise quiet machine: 326 s with 3 workers, 428–434 s
 # with 2). How many run side by side is the server's to say: a test that starts a fleet
 # (8 worker processes, 5-7 connections each) needs up to ~60 connections, so each xdist
-# worker is given 60 of the server's max_connections (100, the default of PostgreSQL
-# and of the embedded server: 1 worker; MariaDB's 151: 2; 300: 3). TASKCLAIM_WORKERS=N
+# worker is given 60 of the server's max_connections (100, PostgreSQL's default: 1
+# worker; MariaDB's 151: 2; 300: 3 — the embedded server the suite starts on a machine
+# with none runs with 300, see tests/support/settings.py). TASKCLAIM_WORKERS=N
 # overrides it (0: one process).
 # --dist worksteal: an idle worker takes queued tests from a busy one, so a pass does not
 # end with one worker running long multi-process tests alone.

@@ -1,8 +1,13 @@
 """The worker's journal of attempts: each attempt's story (worker, start, runtime, outcome,
 error) for the ``taskclaim.TaskAttempt`` table that a task's admin page shows.
 
-The executors note an attempt when its outcome is known (:meth:`AttemptJournal.note`; a
-completion written later in a batch, when its batch lands: :meth:`AttemptJournal.written`).
+The executors note an attempt when its outcome is known (:meth:`AttemptJournal.note`). A
+completion written later in a batch is noted before it is buffered
+(:meth:`AttemptJournal.deferring`) and its outcome known when its batch lands
+(:meth:`AttemptJournal.written`): done, or lost — the fence refused it, the claim was taken
+back (its lease lapsed) and the row runs again — or not recorded (the worker stopped with
+the database away): so in ``"errors"`` mode too every completion is followed to its batch,
+since one that did not land explains the row's next run.
 ``TASKCLAIM_ATTEMPT_LOG`` says which: ``"errors"`` (the default) those that did not end
 ``done``, ``"all"`` every one, ``"off"`` none (then noting costs one comparison). Nothing is
 written per task: :meth:`AttemptJournal.flush` (called with the per-minute history, about
@@ -86,17 +91,14 @@ class AttemptJournal:
         self.mode = _mode()
         self._lock = threading.Lock()
         self._noted: list[Noted] = []
-        self._deferred: dict[int, Noted] = {}  # id(task) -> a completion not written yet
+        #: id(task) -> (task, its attempt): a completion buffered, not written yet (the task
+        #: is kept, so that its id is not reused meanwhile)
+        self._deferred: dict[int, tuple[Any, Noted]] = {}
         self._pruned_at: float | None = None
         self._failing = False
 
-    def note(self, task: Any, outcome: str, error: BaseException | None, started: float) -> None:
-        """The attempt of ``task`` that started at ``started`` (monotonic) ended with
-        ``outcome`` (a ``settle()`` outcome; ``"deferred"``: its completion is written
-        later, see :meth:`written`)."""
-        if self.mode == "off" or (self.mode == "errors" and outcome in ("done", "deferred")):
-            return
-        entry = Noted(
+    def _entry(self, task: Any, outcome: str, error: BaseException | None, started: float) -> Noted:
+        return Noted(
             label=task._meta.label,
             pk=str(task.pk),
             number=int(getattr(task, "attempts", 0) or 0),
@@ -105,28 +107,53 @@ class AttemptJournal:
             outcome=_OUTCOMES.get(str(outcome), str(outcome)[:16]),
             error=format_error(error)[:ERROR_CHARS] if error is not None else "",
         )
+
+    def note(self, task: Any, outcome: str, error: BaseException | None, started: float) -> None:
+        """The attempt of ``task`` that started at ``started`` (monotonic) ended with
+        ``outcome`` (a ``settle()`` outcome). ``"deferred"`` notes nothing: a completion
+        written later is noted by :meth:`deferring`, before it is buffered."""
+        if self.mode == "off" or outcome == "deferred":
+            return
+        if self.mode == "errors" and outcome == "done":
+            return
+        entry = self._entry(task, outcome, error, started)
         with self._lock:
-            if outcome == "deferred":
-                entry.outcome = "done"
-                if len(self._deferred) >= MAX_PENDING:  # batches that never landed
-                    self._deferred.clear()
-                self._deferred[id(task)] = entry
-            else:
-                self._noted.append(entry)
+            self._noted.append(entry)
+
+    def deferring(self, task: Any, started: float) -> None:
+        """The body of ``task`` (started at ``started``, monotonic) returned and its
+        completion is about to be buffered, to be written in a batch: its outcome is
+        known when the batch lands (:meth:`written`). Called before the completion is
+        buffered, since its batch may land before the executor goes on. In ``"errors"``
+        mode too: a completion that does not land is an attempt that did not end done."""
+        if self.mode == "off":
+            return
+        entry = self._entry(task, "done", None, started)
+        with self._lock:
+            if len(self._deferred) >= MAX_PENDING:  # batches that never landed
+                self._deferred.clear()
+            self._deferred[id(task)] = (task, entry)
 
     def written(self, tasks: list[Any], lost: list[Any] | None) -> None:
         """A batch of deferred completions was written (``lost``: those its fence
-        refused; ``None``: nothing was written, they are retried or given back)."""
+        refused, noted ``lost``; ``None``: nothing was written, the worker stopped with
+        the database away: noted ``not recorded``, their rows run again after their
+        leases)."""
         if not self._deferred:
             return
         refused = {id(t) for t in lost or ()}
         with self._lock:
             for task in tasks:
-                entry = self._deferred.pop(id(task), None)
-                if entry is None or lost is None:
+                found = self._deferred.pop(id(task), None)
+                if found is None or found[0] is not task:
                     continue
-                if id(task) in refused:
+                entry = found[1]
+                if lost is None:
+                    entry.outcome = _OUTCOMES["error"]
+                elif id(task) in refused:
                     entry.outcome = "lost"
+                elif self.mode == "errors":
+                    continue  # done: recorded only in "all" mode
                 self._noted.append(entry)
 
     def pending(self) -> int:

@@ -205,7 +205,15 @@ class Executors:
         # A row run alone has its outcome written now, not deferred: the next row of this
         # process starts only once it is (see Ledger.take), and the claimer claims that
         # row meanwhile, so the two round trips overlap.
-        defer = self.acks.defer if self.acks.enabled and not lost and not alone else None
+        defer = None
+        if self.acks.enabled and not lost and not alone:
+            journal = self.ledger.history.attempts
+
+            def defer(buffered: Claimable) -> None:
+                # Noted before it is buffered: its batch may land before settle() returns.
+                journal.deferring(buffered, started)
+                self.acks.defer(buffered)
+
         try:
             outcome = settle(task, done, defer=defer)
         except Exception as exc:  # a refused value fails its row; an outage is waited out

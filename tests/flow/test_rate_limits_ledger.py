@@ -15,6 +15,7 @@ sliding second holds at most 10 starts, and every key's ring lends all its 10 sl
 
 from __future__ import annotations
 
+import signal
 from datetime import timedelta
 from typing import Any
 
@@ -43,19 +44,40 @@ META = {
 SETTINGS = {"TASKCLAIM_REAP_INTERVAL": 0.5, "TASKCLAIM_RETRY_BACKOFF": 0.05}
 
 
+def stop_gracefully(procs: list[WorkerProc]) -> None:
+    """SIGTERM every worker still running and wait for it: on its way out each one
+    writes the attempts it noted since its last heartbeat (``stop_all`` SIGKILLs them,
+    and a killed worker's last noted attempts are lost). All at once, then each waited
+    for."""
+    running = [p for p in procs if p.alive()]
+    for p in running:
+        p.signal(signal.SIGTERM)
+    for p in running:
+        assert p.wait(120) == 0, p.stderr()[-3000:]
+
+
 def assert_reruns_explained(again: set[Any], held: set[Any], label: str) -> None:
     """A row ran a second time only if the killed worker held it, or an earlier attempt
     of it ended otherwise than done, as its worker recorded (``TaskAttempt``, which the
     workers write for every attempt that did not end done: a body that failed, a claim
-    lost). On a loaded machine a body's own write can fail (SQLite's write lock waited
-    out) and its row is retried: that is a second run by design, not an early one."""
+    lost — also a completion whose batch the fence refused). On a loaded machine a
+    body's own write can fail (SQLite's write lock waited out) and its row is retried,
+    and a worker starved of the CPU and of SQLite's one write lock for a whole lease
+    (10 s) loses its claims to the reaper once their leases end (database clock): those
+    are second runs by design, not early ones."""
     unexplained = again - held
     if not unexplained:
         return
     attempts = TaskAttempt.objects.filter(model=label, row__in=[str(pk) for pk in unexplained])
     explained = {int(row) for row in attempts.exclude(outcome="done").values_list("row", flat=True)}
     stories = list(attempts.values_list("row", "number", "outcome", "error")[:10])
-    assert unexplained <= explained, (sorted(unexplained - explained)[:20], stories)
+    # Each unexplained row's runs: which worker ran it, under which claim token.
+    runs = list(
+        KeyRun.objects.filter(task_id__in=sorted(unexplained - explained)[:10])
+        .order_by("pk")
+        .values_list("task_id", "worker", "token", "claimed_until")
+    )
+    assert unexplained <= explained, (sorted(unexplained - explained)[:20], runs, stories)
 
 
 @pytest.mark.slow
@@ -90,6 +112,7 @@ def test_fleet_never_exceeds_the_limit_and_a_kill_leaks_no_slot() -> None:
             timeout=120,
             what="every row done",
         )
+        stop_gracefully(procs)
     finally:
         stop_all(procs)
     assert held
@@ -177,6 +200,7 @@ def test_fleet_never_exceeds_the_key_limit_of_any_key_and_a_kill_leaks_no_slot()
             timeout=300,
             what="every row done",
         )
+        stop_gracefully(procs)
     finally:
         stop_all(procs)
     assert held

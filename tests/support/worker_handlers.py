@@ -237,3 +237,15 @@ def process_after_shared_event(task):
     """Wait for the event :data:`SHARED_EVENT` (600 s), then complete with its payload as
     result: many rows waiting on one name."""
     return {"result": f"got {task.wait_for_event(SHARED_EVENT, 600)}"}
+
+
+def process_quietly_once_taken_back(task):
+    """Return no result fields (a completion the worker batches), but on the first
+    attempt take the claim back first, as the reaper does with a lapsed lease (here an
+    operator's release): the batch's fence refuses that completion, and the row runs
+    again."""
+    from django_taskclaim.recovery.reap import release_worker
+
+    if task.attempts == 1:
+        assert release_worker(task.locked_by, type(task), reason="taken back").total == 1
+    return None

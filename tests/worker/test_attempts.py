@@ -89,6 +89,32 @@ def test_all_records_successes_too_and_off_records_nothing(procs):
     assert story(quiet) == []
 
 
+def test_a_batched_completion_its_fence_refused_is_recorded_lost(procs):
+    """A completion written in a batch (the body returned no result fields) that the
+    fence refuses — the claim was taken back while the body ran — did not end done: it
+    is recorded ``lost`` in the default ``"errors"`` mode, so the row's next run is
+    explained (it was not recorded at all when its batch landed). The lease is long, so
+    that the heartbeat does not find the claim lost before the body returns."""
+    doc = Document.objects.create(title="taken back")
+    w = WorkerProc(
+        "testapp.Document",
+        "--burst",
+        "--worker-id",
+        "journal-lost",
+        claim_meta={
+            **QUICK,
+            "lease": 120,
+            "handler": "tests.support.worker_handlers.process_quietly_once_taken_back",
+        },
+    )
+    procs.append(w)
+    assert w.wait(90) == 0, w.stderr()[-3000:]
+    assert "write=done: nothing was written" in w.stderr()  # refused in its batch
+    assert Document.objects.get(pk=doc.pk).status == "done"
+    attempts = story(doc)
+    assert [(a.number, a.outcome, a.worker) for a in attempts] == [(1, "lost", "journal-lost")]
+
+
 def test_only_the_last_attempts_of_a_row_are_kept(procs):
     doc = Document.objects.create(title="flaky", payload={"raise": "again"})
     drain(procs, settings={"TASKCLAIM_ATTEMPTS_KEPT": 2})
