@@ -253,8 +253,9 @@ def test_a_large_table_shows_estimates_for_finished_states(admin_client, setting
     finally:
         figures.EXACT_UP_TO = old
     assert stats.counts["ready"] == 10  # exact: its index
-    # waiting rows too: no index serves them (docs/workflows.md, "What is not there yet")
-    assert sorted(stats.estimated) == ["cancelled", "done", "failed", "waiting"]
+    # waiting: exactly 0 for a model no row of which ever waited (one index probe)
+    assert sorted(stats.estimated) == ["cancelled", "done", "failed"]
+    assert stats.counts["waiting"] == 0
     assert stats.counts["done"] == pytest.approx(20, abs=2)
     assert figures.model_stats(Document).counts["done"] == 20  # without fast: exact
     assert history_sql(connection) is not None
