@@ -31,6 +31,7 @@ deadline and grace (:mod:`.childwatch`).
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -131,6 +132,9 @@ class Supervisor:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             return None
         read_end, write_end = os.pipe() if self.watch else (-1, -1)
+        # What is loaded so far stays shared with the child: its collections leave these
+        # objects alone instead of writing to each one's header (copying its page).
+        gc.freeze()
         pid = os.fork()
         if pid == 0:  # child
             code = 1
