@@ -47,7 +47,13 @@ from django_taskclaim.db import default_worker_id
 from django_taskclaim.worker.childexit import child_exited
 from django_taskclaim.worker.childwatch import WATCH_POLL, ChildWatch
 from django_taskclaim.worker.config import WorkerConfig
-from django_taskclaim.worker.exits import EXIT_FORCED, EXIT_OK, EXIT_UNAVAILABLE, describe_exit
+from django_taskclaim.worker.exits import (
+    EXIT_CONFIG,
+    EXIT_FORCED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    describe_exit,
+)
 from django_taskclaim.worker.process import Worker
 from django_taskclaim.worker.stopping import (
     CHILD_STOP_SIGNALS,
@@ -62,8 +68,9 @@ logger = logging.getLogger("django_taskclaim.supervisor")
 FAST_FAILURE = 5.0
 
 #: Exit codes after which a child is not restarted: it finished, or restarting it
-#: cannot help (``--burst`` gave up on its database).
-FINAL = frozenset({EXIT_OK, EXIT_UNAVAILABLE})
+#: cannot help (a database or schema that refuses it once it answered; ``--burst`` gave
+#: up on its database).
+FINAL = frozenset({EXIT_OK, EXIT_CONFIG, EXIT_UNAVAILABLE})
 
 #: ``prctl`` option: the signal this process gets when its parent dies (Linux).
 PR_SET_PDEATHSIG = 1

@@ -66,6 +66,7 @@ def test_queue_without_any_queue_model_is_refused(monkeypatch):
         (["--max-runtime", "0"], "--max-runtime must be > 0"),
         (["--database", "elsewhere"], "--database 'elsewhere' is not in settings.DATABASES"),
         (["testapp.Document", "--queue", "mail"], "--queue needs a queue_name field"),
+        (["--no-supervisor", "--processes", "1"], "which --no-supervisor turns off"),
     ],
 )
 def test_worker_refuses_bad_input(docs, args, message):
