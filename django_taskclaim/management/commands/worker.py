@@ -2,8 +2,9 @@
 
 Parse (the options of :data:`django_taskclaim.worker.options.OPTIONS`), validate
 (:func:`django_taskclaim.worker.fleet.plan`, an installed app's :data:`REFUSAL_HOOK`, the
-schema), call (the supervisor and its one worker process by default, or ``--processes N`` of them;
-one :class:`~django_taskclaim.worker.Worker` in this process with ``--no-supervisor``).
+schema), call (the supervisor and its one worker process by default, or ``--processes
+N`` of them; one :class:`~django_taskclaim.worker.Worker` in this process with
+``--no-supervisor``).
 ``manage.py taskclaim_worker`` is an alias of this command. It imports no contrib app.
 """
 
@@ -61,10 +62,12 @@ def app_refusal(models: list[type[Model]], queue: str | None) -> str | None:
 
 
 def shareable(using: str) -> bool:
-    """Whether a second process sees the rows of database ``using`` (not SQLite in
-    memory, which only the connection that made it sees): the supervisor's child does."""
+    """Whether the supervisor can run the worker of database ``using`` in a child: it
+    forks (POSIX), and the child must see the rows (not SQLite in memory, which only the
+    connection that made it sees)."""
     conn = connections[using]
-    return not for_connection(conn).private_to_one_connection(conn.settings_dict)
+    private = for_connection(conn).private_to_one_connection(conn.settings_dict)
+    return hasattr(os, "fork") and not private
 
 
 class Command(BaseCommand):
