@@ -48,6 +48,7 @@ from django_taskclaim.worker.childexit import child_exited
 from django_taskclaim.worker.childwatch import WATCH_POLL, ChildWatch
 from django_taskclaim.worker.config import WorkerConfig
 from django_taskclaim.worker.exits import (
+    EXIT_BROKEN,
     EXIT_CONFIG,
     EXIT_FORCED,
     EXIT_OK,
@@ -144,7 +145,7 @@ class Supervisor:
         gc.freeze()
         pid = os.fork()
         if pid == 0:  # child
-            code = 1
+            code = EXIT_BROKEN  # a crash: restarted (not 1, a refusal that is not)
             try:
                 hold_early_stop()
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -157,7 +158,7 @@ class Supervisor:
                 code = int(self.target(index))
             except BaseException as exc:  # never return into the supervisor's loop
                 logger.error("worker process crashed index=%s error=%r", index, exc, exc_info=exc)
-                code = 1
+                code = EXIT_BROKEN
             finally:
                 try:
                     sys.stdout.flush()

@@ -57,3 +57,40 @@ def test_a_child_refused_by_its_database_is_not_restarted(code):
     assert proc.returncode == code, proc.stdout + proc.stderr[-2000:]
     assert "restarts=0" in proc.stdout
     assert "not restarted" in proc.stderr
+
+
+CRASHES_ONCE = """
+import os, pathlib, sys
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.support.settings")
+import django
+django.setup()
+from django_taskclaim.worker.supervisor import Supervisor
+marker = pathlib.Path(sys.argv[1]) / "crashed"
+
+def target(index):
+    if not marker.exists():
+        marker.write_text("1")
+        raise RuntimeError("a bug in the worker")
+    return 0
+
+sup = Supervisor(target, 1)
+code = sup.run()
+print(f"restarts={sup.restarts}", flush=True)
+sys.exit(code)
+"""
+
+
+def test_a_child_that_crashes_is_restarted(tmp_path):
+    """A worker process that raises (a bug) exits 5 (broken), not 1: it is restarted."""
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASHES_ONCE, str(tmp_path)],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    assert "restarts=1" in proc.stdout
+    assert "worker process crashed" in proc.stderr
+    assert "how=exit code 5" in proc.stderr
