@@ -67,6 +67,7 @@ class Stop:
         self.orphaned = False
         self._signals = 0  # stop signals this process got itself
         self._passed_on = 0  # those its supervisor passed on (FORWARDED)
+        self._stop_seen = False  # a first stop signal of either kind was acted on
 
     def request(self, reason: str = "requested") -> None:
         """Begin a graceful stop: no new claims, unstarted rows released, grace starts."""
@@ -99,14 +100,19 @@ class Stop:
                 signal.signal(signum, handler)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
+        # Python may run a second handler inside this one, between any two lines (the
+        # stop signal and its passed-on twin arrive together): each kind has its own
+        # count, and the first to mark the stop seen is the one that asks for it.
         passed_on = signum in PASSED_ON
         if passed_on:
             self._passed_on += 1
+            count = self._passed_on
             signum = PASSED_ON[signum]
         else:
             self._signals += 1
+            count = self._signals
         name = signal.Signals(signum).name
-        if max(self._signals, self._passed_on) > 1:
+        if count > 1:
             logger.warning(
                 "second %s: exiting now worker=%s (leases recover the held rows)",
                 name,
@@ -119,8 +125,9 @@ class Stop:
                     pass
             sys.stderr.flush()
             os._exit(EXIT_FORCED)
-        if self._signals + self._passed_on > 1:
+        if self._stop_seen:
             return  # the same stop, from the supervisor and directly: counted once
+        self._stop_seen = True
         how = "passed on by the supervisor" if passed_on else "received"
         logger.info("%s %s: stopping worker=%s", name, how, self.worker_id)
         self.request(name)
