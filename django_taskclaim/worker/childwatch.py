@@ -50,6 +50,8 @@ class ChildWatch:
         self._armed: dict[int, dict[str, dict[str, Any]]] = {}  # pid -> key -> report
         self._killed: dict[int, list[dict[str, Any]]] = {}  # pid -> the bodies it ran late
         self._lease_kill: dict[int, float] = {}  # pid -> when its leases could lapse (less margin)
+        self._heard: dict[int, float] = {}  # pid -> when its last lease report came
+        self._stalled: dict[int, float] = {}  # pid -> seconds it had been silent when killed
 
     def in_child(self, read_end: int) -> None:
         """In a freshly forked child: close the read ends, its own and its siblings'."""
@@ -63,11 +65,18 @@ class ChildWatch:
         os.set_blocking(read_end, False)
         self._reports[read_end] = pid
         self._armed[pid] = {}
+        self._heard[pid] = time.monotonic()
 
     def killed_for(self, pid: int) -> list[dict[str, Any]]:
         """The reports of the bodies child ``pid`` was killed for (ran past their deadline
         and grace), ``[]`` if it was not killed by this supervisor."""
         return list(self._killed.get(pid, ()))
+
+    def stalled_for(self, pid: int) -> float | None:
+        """Seconds child ``pid`` had not renewed its leases when this watch killed it for
+        that (its heartbeat silent: a body holding the GIL, a stopped process), or
+        ``None`` if it was not killed for silence."""
+        return self._stalled.get(pid)
 
     def reaped(self, pid: int) -> None:
         """Child ``pid`` exited: read its last reports, close its pipe."""
@@ -79,9 +88,11 @@ class ChildWatch:
                 self._partial.pop(fd, None)
         self._armed.pop(pid, None)
         self._lease_kill.pop(pid, None)
+        self._heard.pop(pid, None)
 
     def replaced(self, pid: int) -> bool:
         """Forget reaped child ``pid``; return whether this watch killed it."""
+        self._stalled.pop(pid, None)
         return self._killed.pop(pid, None) is not None
 
     def pause(self, seconds: float) -> None:
@@ -127,6 +138,7 @@ class ChildWatch:
                 report = json.loads(line)
                 if report["op"] == "lease":
                     self._lease(pid, report["kill_at"])
+                    self._heard[pid] = time.monotonic()
                     continue
                 key = report["key"]
                 if report["op"] == "arm":
@@ -162,10 +174,13 @@ class ChildWatch:
             if pid not in self.children or pid in self._killed:
                 continue  # gone, or killed already
             self._killed[pid] = []  # not a deadline: its rows are released as after a crash
+            self._stalled[pid] = silent = now - self._heard.get(pid, now)
             logger.warning(
                 "worker process silent: its leases were not renewed in time (a body holding "
-                "the GIL, or the database away); killing it before they can lapse, so that "
+                "the GIL, a stopped process, or the database away); the worker stalled for "
+                "%.1f s, past its lease margin: killing it before they can lapse, so that "
                 "no task runs twice at once index=%s pid=%s",
+                silent,
                 self.children[pid][0],
                 pid,
             )

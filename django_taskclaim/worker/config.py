@@ -42,6 +42,7 @@ class WorkerConfig:
     ack_window: float = default("ack_window")
     grace: float = default("grace")
     processes: int = default("processes")
+    supervise: bool = default("supervise")
     burst: bool = default("burst")
     until_empty: bool = default("until_empty")
     max_tasks: int | None = default("max_tasks")
@@ -86,6 +87,7 @@ class WorkerConfig:
         """
         using = _database(using)
         _check_until_empty(options)
+        _check_supervision(options)
         values = resolve(options, skip=["using"])
         beat = heartbeat_setting()
         _check_worker_id(values["worker_id"])
@@ -111,6 +113,14 @@ def _check_until_empty(options: dict[str, Any]) -> None:
         raise ConfigurationError(
             "--until-empty goes with --burst (a worker without --burst never stops "
             "when the queue is empty)"
+        )
+
+
+def _check_supervision(options: dict[str, Any]) -> None:
+    if options.get("supervise") is False and options.get("processes") is not None:
+        raise ConfigurationError(
+            "--processes runs worker processes under the supervisor, which --no-supervisor "
+            "turns off: give one of them (--no-supervisor runs the worker in one process)"
         )
 
 

@@ -30,10 +30,16 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "processes", ("--processes", "-p"), int, 1,
-        "worker processes under a supervisor that restarts them and releases a dead one's "
-        "rows at once (default: one process, no supervisor; give -p 1 for one supervised "
-        "process)",
+        "worker processes under the supervisor that restarts them and releases a dead "
+        "one's rows at once (default 1)",
         Bound(1, 256, whole=True),
+    ),
+    Option(
+        "supervise", ("--no-supervisor",), bool, True,
+        "run the worker in this one process, without the supervisor that kills it if it "
+        "stalls past its leases: a body that stalls this process (a C call holding the "
+        "GIL, SIGSTOP) may then run beside a second body of its row, unless your own "
+        "supervisor kills a silent worker before its leases lapse",
     ),
     Option(
         "batch", ("--batch", "-b"), int, 1,

@@ -319,20 +319,21 @@ class Worker:
         return code
 
     def _warn_unsupervised(self) -> None:
-        """Without ``--processes``, say once what a model with a deadline gives up: a
-        body that stalls this whole process (a C call holding the GIL, ``SIGSTOP``) stops
-        the heartbeat too, so past its lease another worker may run the row beside it
-        (its writes land nowhere: fenced). Under ``--processes`` the supervisor kills
-        such a process first (:mod:`.leasewatch`)."""
+        """Unsupervised (``--no-supervisor``, or ``Worker.run()`` from Python), say once
+        what a model with a deadline gives up: a body that stalls this whole process (a C
+        call holding the GIL, ``SIGSTOP``) stops the heartbeat too, so past its lease
+        another worker may run the row beside it (its writes land nowhere: fenced). The
+        supervisor (the command's default) kills such a process first
+        (:mod:`.leasewatch`)."""
         timed = [m._meta.label for m in self.config.models if uses_deadlines(m)]
         if not timed:
             return
         logger.warning(
-            "worker without --processes: a task body that stalls this whole process (a C "
-            "call holding the GIL) longer than its lease (%gs) can be run again by another "
-            "worker while it still runs; its own writes then land nowhere (fenced). Run "
-            "with --processes N to have such a process killed before its leases lapse "
-            "models=%s worker=%s",
+            "worker without its supervisor: a task body that stalls this whole process (a "
+            "C call holding the GIL, SIGSTOP) longer than its lease (%gs) can be run again "
+            "by another worker while it still runs; its own writes then land nowhere "
+            "(fenced). Run the worker command without --no-supervisor to have such a "
+            "process killed before its leases lapse models=%s worker=%s",
             self.lease,
             ",".join(timed),
             self.worker_id,

@@ -27,6 +27,16 @@ logger = logging.getLogger("django_taskclaim.worker")
 PARENT_DEATH_SIGNAL = signal.SIGHUP
 #: The signals that stop a worker (the second one: at once).
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+#: The signal a supervisor sends its children for each stop signal it gets. Not the stop
+#: signal itself: a child may get that one too, at the same moment — from the terminal
+#: (Ctrl-C reaches the whole foreground process group) or from systemd (which signals
+#: every process of the unit) — and one stop must count once. A child counts the signals
+#: it gets and those passed on separately; the second of either kind exits at once.
+FORWARDED: dict[int, int] = {signal.SIGTERM: signal.SIGUSR1, signal.SIGINT: signal.SIGUSR2}
+#: What each passed-on signal stands for.
+PASSED_ON: dict[int, int] = {forwarded: signum for signum, forwarded in FORWARDED.items()}
+#: Every signal a supervised child handles to stop (blocked from the fork until then).
+CHILD_STOP_SIGNALS: frozenset[int] = STOP_SIGNALS | frozenset(PASSED_ON)
 
 #: Stop signals a freshly forked child got before its worker handled them.
 _early: list[int] = []
@@ -37,7 +47,7 @@ def hold_early_stop() -> None:
     worker's handlers are in place (:meth:`Stop.signals_handled` then acts on it), instead
     of the supervisor's handler it inherited."""
     _early.clear()
-    for sig in STOP_SIGNALS:
+    for sig in CHILD_STOP_SIGNALS:
         signal.signal(sig, lambda signum, frame: _early.append(signum))
 
 
@@ -55,7 +65,9 @@ class Stop:
         self.reason = ""
         #: The supervisor is gone: stop at once, without grace.
         self.orphaned = False
-        self._signals = 0
+        self._signals = 0  # stop signals this process got itself
+        self._passed_on = 0  # those its supervisor passed on (FORWARDED)
+        self._stop_seen = False  # a first stop signal of either kind was acted on
 
     def request(self, reason: str = "requested") -> None:
         """Begin a graceful stop: no new claims, unstarted rows released, grace starts."""
@@ -77,6 +89,8 @@ class Stop:
                 previous[PARENT_DEATH_SIGNAL] = signal.signal(
                     PARENT_DEATH_SIGNAL, self._on_parent_signal
                 )
+                for passed in PASSED_ON:
+                    previous[passed] = signal.signal(passed, self._on_signal)
             while _early:  # came between the fork and now
                 self._on_signal(_early.pop(0), None)
         try:
@@ -86,9 +100,19 @@ class Stop:
                 signal.signal(signum, handler)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self._signals += 1
+        # Python may run a second handler inside this one, between any two lines (the
+        # stop signal and its passed-on twin arrive together): each kind has its own
+        # count, and the first to mark the stop seen is the one that asks for it.
+        passed_on = signum in PASSED_ON
+        if passed_on:
+            self._passed_on += 1
+            count = self._passed_on
+            signum = PASSED_ON[signum]
+        else:
+            self._signals += 1
+            count = self._signals
         name = signal.Signals(signum).name
-        if self._signals > 1:
+        if count > 1:
             logger.warning(
                 "second %s: exiting now worker=%s (leases recover the held rows)",
                 name,
@@ -101,7 +125,11 @@ class Stop:
                     pass
             sys.stderr.flush()
             os._exit(EXIT_FORCED)
-        logger.info("%s received: stopping worker=%s", name, self.worker_id)
+        if self._stop_seen:
+            return  # the same stop, from the supervisor and directly: counted once
+        self._stop_seen = True
+        how = "passed on by the supervisor" if passed_on else "received"
+        logger.info("%s %s: stopping worker=%s", name, how, self.worker_id)
         self.request(name)
 
     def _on_parent_signal(self, signum: int, frame: Any) -> None:

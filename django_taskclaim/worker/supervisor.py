@@ -5,8 +5,10 @@ after closing its connections; a child runs one :class:`~.process.Worker`
 and exits with its code. A child that dies abnormally (a signal, or an exit code other
 than 0) is restarted, with backoff if it keeps dying at once; a child that exits 0
 (``--burst`` drained, ``--max-tasks`` or ``--max-runtime`` reached) is not. SIGTERM /
-SIGINT are forwarded to every child; a second one is forwarded too (children then exit at
-once) and the supervisor exits with :data:`~.exits.EXIT_FORCED`.
+SIGINT are passed on to every child (as :data:`~.stopping.FORWARDED`: a child that gets
+the same signal directly, from Ctrl-C in a terminal or from systemd, still counts one
+stop); a second one is passed on too (children then exit at once) and the supervisor
+exits with :data:`~.exits.EXIT_FORCED`.
 POSIX only (it uses ``fork``).
 
 The supervisor is the one place that *knows* a worker died: ``waitpid`` told it. Each
@@ -29,6 +31,7 @@ deadline and grace (:mod:`.childwatch`).
 from __future__ import annotations
 
 import ctypes
+import gc
 import logging
 import os
 import signal
@@ -44,9 +47,21 @@ from django_taskclaim.db import default_worker_id
 from django_taskclaim.worker.childexit import child_exited
 from django_taskclaim.worker.childwatch import WATCH_POLL, ChildWatch
 from django_taskclaim.worker.config import WorkerConfig
-from django_taskclaim.worker.exits import EXIT_FORCED, EXIT_OK, EXIT_UNAVAILABLE, describe_exit
+from django_taskclaim.worker.exits import (
+    EXIT_BROKEN,
+    EXIT_CONFIG,
+    EXIT_FORCED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    describe_exit,
+)
 from django_taskclaim.worker.process import Worker
-from django_taskclaim.worker.stopping import PARENT_DEATH_SIGNAL, STOP_SIGNALS, hold_early_stop
+from django_taskclaim.worker.stopping import (
+    CHILD_STOP_SIGNALS,
+    FORWARDED,
+    PARENT_DEATH_SIGNAL,
+    hold_early_stop,
+)
 
 logger = logging.getLogger("django_taskclaim.supervisor")
 
@@ -54,8 +69,9 @@ logger = logging.getLogger("django_taskclaim.supervisor")
 FAST_FAILURE = 5.0
 
 #: Exit codes after which a child is not restarted: it finished, or restarting it
-#: cannot help (``--burst`` gave up on its database).
-FINAL = frozenset({EXIT_OK, EXIT_UNAVAILABLE})
+#: cannot help (a database or schema that refuses it once it answered; ``--burst`` gave
+#: up on its database).
+FINAL = frozenset({EXIT_OK, EXIT_CONFIG, EXIT_UNAVAILABLE})
 
 #: ``prctl`` option: the signal this process gets when its parent dies (Linux).
 PR_SET_PDEATHSIG = 1
@@ -119,14 +135,17 @@ class Supervisor:
         connections.close_all()
         sys.stdout.flush()
         sys.stderr.flush()
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, CHILD_STOP_SIGNALS)
         if self._stopping:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             return None
         read_end, write_end = os.pipe() if self.watch else (-1, -1)
+        # What is loaded so far stays shared with the child: its collections leave these
+        # objects alone instead of writing to each one's header (copying its page).
+        gc.freeze()
         pid = os.fork()
         if pid == 0:  # child
-            code = 1
+            code = EXIT_BROKEN  # a crash: restarted (not 1, a refusal that is not)
             try:
                 hold_early_stop()
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -139,7 +158,7 @@ class Supervisor:
                 code = int(self.target(index))
             except BaseException as exc:  # never return into the supervisor's loop
                 logger.error("worker process crashed index=%s error=%r", index, exc, exc_info=exc)
-                code = 1
+                code = EXIT_BROKEN
             finally:
                 try:
                     sys.stdout.flush()
@@ -159,8 +178,8 @@ class Supervisor:
         self._signals += 1
         self._stopping = True
         for pid in list(self.children):
-            try:
-                os.kill(pid, signum)
+            try:  # passed on as its own signal: a child may get ``signum`` directly too
+                os.kill(pid, FORWARDED.get(signum, signum))
             except ProcessLookupError:
                 pass
         if self._signals > 1:
@@ -190,6 +209,10 @@ class Supervisor:
         """The reports of the bodies child ``pid`` was killed for (ran past their deadline
         and grace), ``[]`` if it was not killed by this supervisor."""
         return self.watch.killed_for(pid) if self.watch else []
+
+    def stalled_for(self, pid: int) -> float | None:
+        """Seconds child ``pid`` had been silent when it was killed for it, else ``None``."""
+        return self.watch.stalled_for(pid) if self.watch else None
 
     def _wait(self) -> tuple[int, int]:
         """``os.wait()``; while watching, the reports are read and overdue or silent
@@ -276,6 +299,8 @@ def supervise(
     configs: WorkerConfig | Sequence[WorkerConfig],
     processes: int,
     announce: Callable[[str], None],
+    *,
+    single: bool = False,
 ) -> int:
     """Run ``processes`` supervised :class:`~.process.Worker` children of each
     configuration in ``configs`` (one per database the fleet drains, see
@@ -286,30 +311,51 @@ def supervise(
     Each child the supervisor sees exit (``waitpid``: proof of death) has the rows it
     still held released at once on its own database and its registry row marked stopped
     before a replacement starts (:mod:`.childexit`). Each child stops, giving back what
-    it holds, as soon as the supervisor is gone."""
+    it holds, as soon as the supervisor is gone.
+
+    ``single``: the worker command's default, one process that is not named a child of
+    a fleet: it keeps ``--worker-id`` as given, its startup line is the worker's own
+    (with ``supervisor=<pid>``), and a ``--burst`` run ends with its leftover line."""
     plans = [configs] if isinstance(configs, WorkerConfig) else list(configs)
     total = processes * len(plans)
+    if single and total != 1:
+        raise ValueError("single supervises one process")
 
     def config_of(index: int) -> WorkerConfig:
         return plans[index // processes]
 
     def child_id(index: int) -> str | None:
         worker_id = config_of(index).worker_id
+        if single:
+            return worker_id
         return f"{worker_id}-{index}" if worker_id else None
 
     def child(index: int) -> int:
-        worker = Worker(
-            replace(config_of(index), worker_id=child_id(index)),
-            parent=sup.pid,
-            report_fd=sup.report_fd,
-        )
-        return worker.run(lambda: announce(worker.describe() + f" process={index + 1}/{total}"))
+        config = replace(config_of(index), worker_id=child_id(index))
+        worker = Worker(config, parent=sup.pid, report_fd=sup.report_fd)
+        if not single:
+            return worker.run(lambda: announce(worker.describe() + f" process={index + 1}/{total}"))
+        code = worker.run(lambda: announce(worker.describe() + f" supervisor={sup.pid}"))
+        if config.burst and code == EXIT_OK:
+            try:
+                announce(worker.leftover())
+            except DatabaseError:
+                pass  # the summary is a courtesy; the run itself succeeded
+        return code
 
     def exited(index: int, pid: int, code: int) -> None:
         worker_id = child_id(index) or default_worker_id(pid)
-        child_exited(config_of(index), worker_id, pid, code, sup.killed_for(pid))
+        child_exited(
+            config_of(index),
+            worker_id,
+            pid,
+            code,
+            sup.killed_for(pid),
+            stalled=sup.stalled_for(pid),
+        )
 
     databases = ",".join(c.using for c in plans)
     sup = Supervisor(child, total, on_exit=exited, watch=True)
-    announce(f"taskclaim supervisor pid={sup.pid} processes={total} databases={databases}")
+    if not single:
+        announce(f"taskclaim supervisor pid={sup.pid} processes={total} databases={databases}")
     return sup.run()

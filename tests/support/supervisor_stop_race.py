@@ -1,7 +1,7 @@
 """A supervisor whose SIGTERM comes just as it restarts a child (no database):
 ``python -m tests.support.supervisor_stop_race DIR``.
 
-The first child exits 1 at once, so the supervisor restarts it; the stop signal is sent
+The first child exits 5 (broken) at once, so the supervisor restarts it; the stop signal is sent
 to the supervisor itself right before that restart forks. Every later child waits for a
 stop signal the way a worker does (:meth:`Stop.signals_handled`) and exits 0. Prints
 ``restarts=N`` and exits with the supervisor's code; a child that is never told to stop
@@ -30,7 +30,7 @@ def main() -> None:
     def target(index: int) -> int:
         if not marker.exists():
             marker.write_text("1")
-            return 1  # dies at once: the supervisor restarts it
+            return 5  # dies at once (broken): the supervisor restarts it
         stop = Stop("race", os.getppid(), lambda: None)
         with stop.signals_handled():
             stop.stopping.wait(60)

@@ -18,8 +18,27 @@ from tests.support.helpers import child_env, wait_for
 ATOMIC = "tests.support.worker_handlers.process_atomic"
 
 
+#: The worker commands (``supervised`` applies to them).
+WORKER_COMMANDS = ("taskclaim_worker", "worker")
+
+
+def unsupervised(args: tuple[str, ...]) -> tuple[str, ...]:
+    """``args`` of a worker command with ``--no-supervisor`` added, unless they ask for
+    the supervisor (``--processes``, a fleet over several databases) or have it."""
+    asks = {"--processes", "-p", "--no-supervisor"}
+    if any(a in asks or a.startswith("--processes=") for a in args):
+        return args
+    if args.count("--database") > 1:
+        return args
+    return (*args, "--no-supervisor")
+
+
 class WorkerProc:
-    """A ``taskclaim_worker`` (or other command) subprocess with its output in temp files."""
+    """A ``taskclaim_worker`` (or other command) subprocess with its output in temp files.
+
+    A worker runs as one process with ``--no-supervisor`` unless ``supervised`` (the
+    command's default: a supervisor and its one worker process) or ``--processes`` is
+    given: most tests signal, stop or kill the worker's own process (``pid``)."""
 
     def __init__(
         self,
@@ -28,7 +47,10 @@ class WorkerProc:
         settings: dict[str, Any] | None = None,
         claim_meta: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
+        supervised: bool = False,
     ) -> None:
+        if command in WORKER_COMMANDS and not supervised:
+            args = unsupervised(args)
         env = child_env(
             TASKCLAIM_T_SETTINGS=json.dumps(settings or {}),
             TASKCLAIM_T_CLAIMMETA=json.dumps(claim_meta or {}),

@@ -184,7 +184,7 @@ def test_a_body_ignoring_its_flag_without_processes_is_logged_and_never_rerun_ea
     assert (first[-1].at - first[0].at).total_seconds() >= 5.5  # ran on, never stopped
     assert_never_two_at_once(task)
     assert w.stderr_count("task still running past its deadline", 3) >= 3
-    assert "supervisor" not in w.stderr()
+    assert "worker process started" not in w.stderr()  # no supervisor (--no-supervisor)
     assert w.stop() == 0
     assert rival.stop() == 0
 
@@ -285,7 +285,7 @@ def test_a_body_stalling_its_process_without_processes_writes_nothing_over_the_n
     task = stalled(tmp_path, 12)
     w = start(procs, "deadlineapp.TimedTask", "--lease", STALL_LEASE)
     wait_for(lambda: runs(task), timeout=60, what="the body to start")
-    assert "worker without --processes" in w.stderr()
+    assert "worker without its supervisor" in w.stderr()
     rival = start(procs, "deadlineapp.TimedTask", "--lease", STALL_LEASE)
     wait_for(lambda: done(TimedTask, [task.pk]), timeout=90, what="the rival's run to finish")
     wait_for(lambda: "end" in [t.kind for t in runs(task)[0]], timeout=60,

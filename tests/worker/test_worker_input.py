@@ -66,6 +66,7 @@ def test_queue_without_any_queue_model_is_refused(monkeypatch):
         (["--max-runtime", "0"], "--max-runtime must be > 0"),
         (["--database", "elsewhere"], "--database 'elsewhere' is not in settings.DATABASES"),
         (["testapp.Document", "--queue", "mail"], "--queue needs a queue_name field"),
+        (["--no-supervisor", "--processes", "1"], "which --no-supervisor turns off"),
     ],
 )
 def test_worker_refuses_bad_input(docs, args, message):
@@ -165,8 +166,8 @@ def test_the_worker_runs_its_own_checks_and_only_those(docs):
         return [checks.Error("an unrelated app is misconfigured", id="other.E001")]
 
     checks.register(elsewhere)
-    try:
-        call_command("taskclaim_worker", "testapp.Document", "--burst")
+    try:  # in this process: no supervisor forked inside the test run
+        call_command("taskclaim_worker", "testapp.Document", "--burst", "--no-supervisor")
     finally:
         checks.registry.registry.registered_checks.discard(elsewhere)
     assert not Document.objects.exclude(status="done").exists()

@@ -2,7 +2,9 @@
 
 Parse (the options of :data:`django_taskclaim.worker.options.OPTIONS`), validate
 (:func:`django_taskclaim.worker.fleet.plan`, an installed app's :data:`REFUSAL_HOOK`, the
-schema), call (one :class:`~django_taskclaim.worker.Worker`, or the supervisor).
+schema), call (the supervisor and its one worker process by default, or ``--processes
+N`` of them; one :class:`~django_taskclaim.worker.Worker` in this process with
+``--no-supervisor``).
 ``manage.py taskclaim_worker`` is an alias of this command. It imports no contrib app.
 """
 
@@ -14,10 +16,11 @@ from typing import Any
 
 from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 from django.db.models import Model
 
 from django_taskclaim import contrib
+from django_taskclaim.backends import for_connection
 from django_taskclaim.checks.core import TAG
 from django_taskclaim.exceptions import ConfigurationError
 from django_taskclaim.management.suggest import suggest_options
@@ -56,6 +59,15 @@ def app_refusal(models: list[type[Model]], queue: str | None) -> str | None:
         if refused is not None:
             return str(refused)
     return None
+
+
+def shareable(using: str) -> bool:
+    """Whether the supervisor can run the worker of database ``using`` in a child: it
+    forks (POSIX), and the child must see the rows (not SQLite in memory, which only the
+    connection that made it sees)."""
+    conn = connections[using]
+    private = for_connection(conn).private_to_one_connection(conn.settings_dict)
+    return hasattr(os, "fork") and not private
 
 
 class Command(BaseCommand):
@@ -101,8 +113,17 @@ class Command(BaseCommand):
         if problem is not None:
             raise CommandError(problem)
         config = configs[0]
+        if not config.supervise and len(configs) > 1:
+            raise CommandError(
+                "a fleet over several databases runs one supervised worker per database, "
+                "which --no-supervisor turns off: give one --database with it"
+            )
         if supervised or len(configs) > 1:
             code = supervise(configs, config.processes, self._say)
+        elif config.supervise and shareable(config.using):
+            # The default: one worker process under the supervisor, which kills it before
+            # its leases can lapse if a body stalls it (ONE BODY AT A TIME).
+            code = supervise(configs, 1, self._say, single=True)
         else:
             worker = Worker(config)
             code = worker.run(lambda: self._say(worker.describe()))

@@ -224,7 +224,8 @@ def test_sigkill_mid_task_is_recovered_after_the_lease_and_succeeds_exactly_once
     log = tmp_path / "rescuer.log"
     result = ex.slow_first_attempt.enqueue(marker)
     first = subprocess.Popen(
-        worker_cmd("--lease", "2", "--no-reap", "--worker-id", "doomed"),
+        # one process, no supervisor to give its row back: it waits for its lease
+        worker_cmd("--lease", "2", "--no-reap", "--worker-id", "doomed", "--no-supervisor"),
         env=_env(),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
