@@ -179,7 +179,11 @@ def test_a_poison_among_recovered_rows_that_share_dead_letters_no_one_else(procs
     assert Document.objects.get(pk=poison.pk).attempts == 5
     charged = sorted(Document.objects.exclude(pk=poison.pk).values_list("attempts", flat=True))
     assert charged[-1] <= 4, charged  # no crash beside the poison took a last attempt
-    assert charged[-1] >= 3, charged  # some shared its batches as recovered rows
+    # How many crashes a batch-mate shares depends on whether its completion was written
+    # before the poison killed the process (a timing of the machine, 2 or 3 under load):
+    # that recovered rows share batches at all is asserted over claim stamps by
+    # test_a_fleet_claims_recovered_rows_in_batches_and_drains_them.
+    assert charged[-1] >= 2, charged  # a batch-mate of the poison was charged its crash
     assert sup.stderr_count("worker process died", 5) == 5
     assert sup.alive()
 
