@@ -198,7 +198,7 @@ def test_no_facet_counts_unless_an_admin_turns_them_on(admin_client, monkeypatch
     assert {"failed with error (2)", "has an error (2)", "no error (5)"} == {
         d for d in facets["taskclaim_error"] if d != "All"
     }
-    counts = [q["sql"] for q in queries.captured_queries if 'AS "0__c"' in q["sql"]]
+    counts = [q["sql"] for q in queries.captured_queries if "0__c" in q["sql"]]  # any quoting
     assert counts
     assert not any(" IN (SELECT" in sql for sql in counts), counts
 
