@@ -91,19 +91,27 @@ class AttemptJournal:
         self.mode = _mode()
         self._lock = threading.Lock()
         self._noted: list[Noted] = []
-        #: id(task) -> (task, its attempt): a completion buffered, not written yet (the task
-        #: is kept, so that its id is not reused meanwhile)
-        self._deferred: dict[int, tuple[Any, Noted]] = {}
+        #: id(task) -> (task, its attempt's start and end, monotonic): a completion
+        #: buffered, not written yet (the task is kept, so that its id is not reused
+        #: meanwhile). The entry itself is made only if the attempt is to be recorded.
+        self._deferred: dict[int, tuple[Any, float, float]] = {}
         self._pruned_at: float | None = None
         self._failing = False
 
-    def _entry(self, task: Any, outcome: str, error: BaseException | None, started: float) -> Noted:
+    def _entry(
+        self,
+        task: Any,
+        outcome: str,
+        error: BaseException | None,
+        started: float,
+        ended: float | None = None,
+    ) -> Noted:
         return Noted(
             label=task._meta.label,
             pk=str(task.pk),
             number=int(getattr(task, "attempts", 0) or 0),
             started=started,
-            ended=time.monotonic(),
+            ended=time.monotonic() if ended is None else ended,
             outcome=_OUTCOMES.get(str(outcome), str(outcome)[:16]),
             error=format_error(error)[:ERROR_CHARS] if error is not None else "",
         )
@@ -128,11 +136,11 @@ class AttemptJournal:
         mode too: a completion that does not land is an attempt that did not end done."""
         if self.mode == "off":
             return
-        entry = self._entry(task, "done", None, started)
+        ended = time.monotonic()  # the rest only if it is recorded (a hot path: per job)
         with self._lock:
             if len(self._deferred) >= MAX_PENDING:  # batches that never landed
                 self._deferred.clear()
-            self._deferred[id(task)] = (task, entry)
+            self._deferred[id(task)] = (task, started, ended)
 
     def written(self, tasks: list[Any], lost: list[Any] | None) -> None:
         """A batch of deferred completions was written (``lost``: those its fence
@@ -147,14 +155,15 @@ class AttemptJournal:
                 found = self._deferred.pop(id(task), None)
                 if found is None or found[0] is not task:
                     continue
-                entry = found[1]
                 if lost is None:
-                    entry.outcome = _OUTCOMES["error"]
+                    outcome = "error"  # not recorded
                 elif id(task) in refused:
-                    entry.outcome = "lost"
+                    outcome = "lost"
                 elif self.mode == "errors":
                     continue  # done: recorded only in "all" mode
-                self._noted.append(entry)
+                else:
+                    outcome = "done"
+                self._noted.append(self._entry(task, outcome, None, found[1], found[2]))
 
     def pending(self) -> int:
         with self._lock:
