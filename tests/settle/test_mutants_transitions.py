@@ -7,17 +7,20 @@ completion written on its own.
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
 from django.db.models.functions import Now
 
 from django_taskclaim import ClaimLost
+from django_taskclaim.exceptions import ConfigurationError
+from django_taskclaim.settle import transitions
 from django_taskclaim.settle.batch import PENDING_ATTR
-from django_taskclaim.settle.transitions import complete_pending
+from django_taskclaim.settle.transitions import RETRY_IN_ATTR, Outcome, complete_pending
 from django_taskclaim.signals import task_completed, task_failed
 from tests.support.helpers import BusyOnce
-from tests.support.testapp.models import Document
+from tests.support.testapp.models import Document, Job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -317,3 +320,72 @@ def test_a_write_that_finds_the_database_busy_is_retried_and_lands(write, what, 
     assert busy.left == 0
     assert row(task).status == status
     assert any(m.startswith(f"retrying what={what} attempt=1 ") for m in caplog.messages)
+
+
+# -- snooze ------------------------------------------------------------------------
+
+
+def due_in(task: Document) -> timedelta:
+    r = row(task)
+    return r.run_after - r.db_now
+
+
+def test_snooze_parks_the_row_uncounted_due_after_the_floor_and_in_line_from_then():
+    task = claimed()
+    claim_token = task.version
+    assert transitions.snooze(task) == Outcome.READY  # Snooze(0)
+    r = row(task)
+    assert (r.status, r.attempts, r.locked_until) == ("ready", 0, None)
+    assert r.version == task.version > claim_token  # fenced, the token moved on
+    assert task.__dict__[RETRY_IN_ATTR] == transitions.SNOOZE_FLOOR == 1.0
+    assert timedelta(seconds=0.5) < due_in(task) <= timedelta(seconds=1)
+    assert r.created_at == r.run_after  # its place in line: when it is due
+
+
+def test_snooze_longer_than_the_floor_waits_its_own_delay_seconds_or_timedelta():
+    task = claimed("a")
+    transitions.snooze(task, 5)
+    assert task.__dict__[RETRY_IN_ATTR] == 5.0
+    assert timedelta(seconds=4) < due_in(task) <= timedelta(seconds=5)
+    other = claimed("b")
+    transitions.snooze(other, timedelta(seconds=3))
+    assert other.__dict__[RETRY_IN_ATTR] == 3.0
+    assert timedelta(seconds=2) < due_in(other) <= timedelta(seconds=3)
+
+
+def test_a_park_passes_no_floor_and_is_due_at_once():
+    task = claimed()
+    transitions.snooze(task, floor=0.0)  # the default delay: none
+    assert task.__dict__[RETRY_IN_ATTR] == 0.0
+    r = row(task)
+    assert (r.status, r.run_after) == ("ready", None)  # due now: no delay
+    assert timedelta(seconds=-5) < r.created_at - r.db_now <= timedelta(0)  # in line from now
+
+
+@pytest.mark.parametrize("delay", [-1, float("inf"), "soon", True])
+def test_a_bad_snooze_delay_is_refused_naming_it_and_writes_nothing(delay):
+    task = claimed()
+    with pytest.raises(ValueError, match=r"^snooze delay"):
+        transitions.snooze(task, delay)
+    assert (row(task).status, row(task).version) == ("processing", task.version)
+
+
+def test_snooze_without_run_after_says_why_and_writes_nothing():
+    Job.objects.create(name="j")
+    task = Job.objects.claim_next(worker="w1")
+    assert task is not None
+    message = (
+        "testapp.Job has no run_after field, so a row cannot be parked until later "
+        "(Snooze): add ScheduleFieldsMixin (or a run_after field)"
+    )
+    with pytest.raises(ConfigurationError, match=f"^{re.escape(message)}$"):
+        transitions.snooze(task)
+    assert Job.objects.get(pk=task.pk).status == Job.PENDING
+
+
+def test_snooze_of_a_claim_lost_writes_nothing():
+    task = claimed()
+    Document.objects.filter(pk=task.pk).update(version=task.version + 1)  # re-claimed
+    with pytest.raises(ClaimLost):
+        transitions.snooze(task)
+    assert row(task).status == "processing"
