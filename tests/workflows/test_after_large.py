@@ -223,3 +223,46 @@ def test_settles_racing_an_after_enqueue_release_it_once_after_the_last(monkeypa
         Document.objects.all().delete()
         Step.objects.all().delete()
         TaskDependency.objects.all().delete()
+
+
+def test_a_keyed_row_the_seal_releases_while_its_key_is_held_is_skipped_as_a_duplicate(
+    monkeypatch,
+):
+    """Features meet in the seal: its only prerequisite settles while the enqueue is open,
+    so the enqueue's own seal releases the keyed row, and meanwhile another active row
+    took its key. The row is skipped as a duplicate (as a settle's release would skip
+    it), and the enqueue succeeds."""
+    from tests.support.uniqueapp.models import KeyedStep
+
+    step = Step.objects.create(name="p")
+    task = Step.objects.claim_next()
+    assert task is not None
+    gate = _hold_after_the_edges(monkeypatch)
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["row"] = KeyedStep.objects.create(
+                name="d", dedupe_key="k", after=[step], on_failure="run"
+            )
+        except BaseException as exc:  # asserted below
+            out["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for(gate["inside"].is_set, timeout=120, what="the enqueue's rows and edges written")
+    task.complete()  # settles before the seal: its settle cannot see the new edge
+    holder, created = KeyedStep.objects.enqueue_unique(dedupe_key="k", name="r")
+    assert created
+    gate["go"].set()
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert "error" not in out, out.get("error")
+    row = KeyedStep._base_manager.get(pk=out["row"].pk)
+    assert row.status == "cancelled"
+    assert "skipped as a duplicate" in row.last_error
+    assert out["row"].status == "cancelled"  # the instance says what the row now is
+    assert KeyedStep._base_manager.get(pk=holder.pk).status == "ready"
+    assert Step._base_manager.get(pk=step.pk).status == "done"
